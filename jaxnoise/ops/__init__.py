@@ -1,0 +1,1 @@
+"""jaxnoise ops: one folder per op family (reference, kernels, configs, API)."""

@@ -1,0 +1,104 @@
+"""Validation and implementation selection shared by every jaxnoise op."""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+IMPLEMENTATIONS = ("auto", "pallas", "interpret", "reference")
+FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def resolve_implementation(implementation: str) -> str:
+  """Map ``"auto"`` to the kernel on a GPU and the reference elsewhere.
+
+  Args:
+    implementation: one of ``"auto"``, ``"pallas"`` (compiled Pallas kernel,
+      GPU only), ``"interpret"`` (the same kernel through Pallas's
+      interpreter, any backend: slow, for tests) or ``"reference"`` (pure JAX).
+
+  Returns:
+    ``"pallas"``, ``"interpret"`` or ``"reference"``.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+  if implementation == "auto":
+    return "pallas" if jax.default_backend() == "gpu" else "reference"
+  if implementation == "pallas" and jax.default_backend() != "gpu":
+    raise ValueError(
+        'implementation="pallas" compiles a Triton kernel and needs a GPU backend '
+        f'(default backend is {jax.default_backend()!r}); use "interpret" to run the '
+        'kernel through the Pallas interpreter, or "reference"'
+    )
+  return implementation
+
+
+def describe(value: Any) -> str:
+  """``shape=(...) dtype=...`` of an array-like, for error messages."""
+  return f"shape={tuple(np.shape(value))} dtype={getattr(value, 'dtype', type(value).__name__)}"
+
+
+def check_float_array(value: Any, name: str, ndims: tuple[int, ...],
+                      dtypes: tuple = FLOAT_DTYPES) -> jax.Array:
+  """A floating array of one of ``ndims`` ranks and ``dtypes``; raises otherwise."""
+  if value is None:
+    raise TypeError(f"{name} must be an array, got None")
+  dtype = getattr(value, "dtype", None)
+  if dtype is None:
+    value = jnp.asarray(value, jnp.float32)
+    dtype = value.dtype
+  if jnp.dtype(dtype) not in dtypes:
+    names = ", ".join(str(d) for d in dtypes)
+    raise TypeError(f"{name} must have dtype in ({names}), got {describe(value)}")
+  if np.ndim(value) not in ndims:
+    ranks = " or ".join(f"{d}-D" for d in ndims)
+    raise ValueError(f"{name} must be {ranks}, got {describe(value)}")
+  return value
+
+
+def is_concrete(value: Any) -> bool:
+  return not isinstance(value, jax.core.Tracer)
+
+
+def check_sigma(sigma: Any, name: str = "sigma") -> jax.Array:
+  """A positive, finite float scalar (checked when concrete); float32 array out."""
+  dtype = getattr(sigma, "dtype", None)
+  if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"{name} must be a float scalar, got {describe(sigma)}")
+  if isinstance(sigma, bool):
+    raise TypeError(f"{name} must be a float scalar, got bool")
+  if np.ndim(sigma) != 0:
+    raise ValueError(f"{name} must be a scalar, got {describe(sigma)}")
+  if is_concrete(sigma):
+    as_float = float(sigma)
+    if not math.isfinite(as_float) or as_float <= 0:
+      raise ValueError(f"{name} must be positive and finite, got {as_float}")
+  return jnp.asarray(sigma, jnp.float32)
+
+
+def check_positive_int(value: Any, name: str) -> int:
+  try:
+    value = operator.index(value)
+  except TypeError:
+    raise TypeError(f"{name} must be a Python int, got {type(value).__name__}") from None
+  if value <= 0:
+    raise ValueError(f"{name} must be positive, got {value}")
+  return value
+
+
+def check_shape(shape: Any, name: str, ndim: int) -> tuple[int, ...]:
+  """A tuple of ``ndim`` positive ints (an int is taken as a 1-tuple)."""
+  if isinstance(shape, (int, np.integer)) and ndim == 1:
+    shape = (int(shape),)
+  try:
+    shape = tuple(operator.index(d) for d in shape)
+  except TypeError:
+    raise TypeError(f"{name} must be a tuple of {ndim} ints, got {shape!r}") from None
+  if len(shape) != ndim or any(d <= 0 for d in shape):
+    raise ValueError(f"{name} must be {ndim} positive ints, got {shape}")
+  return shape

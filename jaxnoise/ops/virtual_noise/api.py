@@ -1,0 +1,421 @@
+"""Public virtual-noise ops: validation, implementation switch, custom VJP.
+
+Each op takes ``implementation=``:
+
+* ``"auto"`` (default): the Pallas kernel on a GPU, the reference elsewhere;
+* ``"pallas"``: the compiled Pallas (Triton backend) kernel, GPU only;
+* ``"interpret"``: the same kernel through Pallas's interpreter (any
+  backend; slow, for tests);
+* ``"reference"``: pure JAX (:mod:`jaxnoise.ops.virtual_noise.reference`).
+
+All four give the same noise bits; outputs agree to float tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnoise import noise as noise_lib
+from jaxnoise.ops import _common
+from jaxnoise.ops.virtual_noise import reference
+
+__all__ = [
+    "compute_offsets",
+    "virtual_bias_gradient",
+    "virtual_perturbed_linear",
+    "virtual_reduce_metric",
+    "virtual_weight_gradient",
+]
+
+
+def compute_offsets(param_shapes: Sequence[Sequence[int] | int]) -> list[int]:
+  """Cumulative flat-element offsets of consecutive parameter blocks.
+
+  Block ``b`` starts at the total element count of blocks ``0 .. b-1``.
+  Offsets are Python ints and may exceed 2**32.
+
+  Args:
+    param_shapes: shapes of the parameter blocks, in order (an int is a
+      1-D shape).
+
+  Returns:
+    One offset per block.
+
+  Example:
+    >>> compute_offsets([(256, 784), (256,), (10, 256), (10,)])
+    [0, 200704, 200960, 203520]
+  """
+  offsets, total = [], 0
+  for position, shape in enumerate(param_shapes):
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(int(d) < 0 for d in shape):
+      raise ValueError(f"param_shapes[{position}] has a negative dimension: {shape}")
+    offsets.append(total)
+    total += math.prod(int(d) for d in shape)
+  return offsets
+
+
+def _kernels():
+  """The Pallas module, imported lazily (it pulls in the Triton backend)."""
+  from jaxnoise.ops.virtual_noise import pallas_triton  # pylint: disable=g-import-not-at-top
+  return pallas_triton
+
+
+def _check_population(seeds, antithetic: bool) -> jax.Array:
+  seeds = noise_lib.as_seeds(seeds)
+  if antithetic and seeds.shape[0] % 2:
+    raise ValueError(
+        f"antithetic=True needs an even population, got seeds with shape {seeds.shape}"
+    )
+  return seeds
+
+
+@dataclasses.dataclass(frozen=True)
+class _LinearStatic:
+  """Static (hashable) arguments of the perturbed linear."""
+
+  offset: int
+  kind: noise_lib.NoiseKind
+  antithetic: bool
+  implementation: str
+  config: Any
+  out_dtype: Any
+  shared_x: bool
+
+
+def virtual_perturbed_linear(
+    x: jax.Array,
+    weight: jax.Array,
+    bias: jax.Array | None,
+    seeds: jax.Array,
+    sigma: float | jax.Array,
+    offset: int = 0,
+    *,
+    kind: str = noise_lib.DEFAULT_KIND,
+    antithetic: bool = False,
+    implementation: str = "auto",
+    config: Any = None,
+    out_dtype: Any = jnp.float32,
+) -> jax.Array:
+  """A linear layer evaluated for a whole population of perturbed weights.
+
+  ``Y[i] = X[i] @ (W + sigma s_i N_i)^T + (b + sigma s_i nb_i)`` where
+  ``N_i`` and ``nb_i`` are the virtual noise of individual ``i`` (weight
+  element ``(j, k)`` at index ``offset + j * in + k``, bias element ``j`` at
+  ``offset + out * in + j``) and ``s_i`` is +1, or -1 for the second member
+  of an antithetic pair. The kernels never store the noise.
+
+  Differentiable with respect to ``x``, ``weight``, ``bias`` and ``sigma``
+  (the backward pass regenerates the noise).
+
+  Args:
+    x: ``(batch, in)`` input shared by all individuals, or
+      ``(pop, batch, in)`` per individual; float32, bfloat16 or float16.
+    weight: ``(out, in)`` float32, bfloat16 or float16.
+    bias: ``(out,)`` or None.
+    seeds: ``(pop,)`` seeds (uint32; signed ints wrap modulo 2**32).
+    sigma: positive perturbation standard deviation (scalar; may be traced).
+    offset: element index of ``weight[0, 0]`` (Python int).
+    kind: noise kind, see :mod:`jaxnoise.noise`.
+    antithetic: individuals ``2m`` and ``2m + 1`` share ``seeds[2m]`` with
+      signs +1 and -1 (``seeds[2m + 1]`` is ignored).
+    implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or
+      ``"reference"``.
+    config: kernel config (:class:`PerturbedLinearConfig`); None picks the
+      autotuned or heuristic one. Ignored by the reference.
+    out_dtype: output dtype (accumulation is float32).
+
+  Returns:
+    ``(pop, batch, out)`` array of ``out_dtype``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> x, w = jnp.ones((3, 8)), jnp.zeros((4, 8))
+    >>> seeds = jnp.arange(5, dtype=jnp.uint32)
+    >>> virtual_perturbed_linear(x, w, None, seeds, 0.1).shape
+    (5, 3, 4)
+  """
+  weight = _common.check_float_array(weight, "weight", (2,))
+  x = _common.check_float_array(x, "x", (2, 3))
+  seeds = _check_population(seeds, antithetic)
+  pop = seeds.shape[0]
+  out_features, in_features = weight.shape
+  if x.shape[-1] != in_features:
+    raise ValueError(
+        f"x's last dimension must equal weight's in_features={in_features}; "
+        f"x {_common.describe(x)}, weight {_common.describe(weight)}"
+    )
+  if x.ndim == 3 and x.shape[0] != pop:
+    raise ValueError(
+        f"per-individual x must have one row block per seed: x {_common.describe(x)}, "
+        f"seeds {_common.describe(seeds)}"
+    )
+  if bias is not None:
+    bias = _common.check_float_array(bias, "bias", (1,))
+    if bias.shape != (out_features,):
+      raise ValueError(
+          f"bias must have shape ({out_features},) to match weight {weight.shape}, "
+          f"got {_common.describe(bias)}"
+      )
+  sigma = _common.check_sigma(sigma)
+  static = _LinearStatic(
+      offset=noise_lib.check_offset(offset),
+      kind=noise_lib.get_kind(kind),
+      antithetic=bool(antithetic),
+      implementation=_common.resolve_implementation(implementation),
+      config=config,
+      out_dtype=jnp.dtype(out_dtype),
+      shared_x=x.ndim == 2,
+  )
+  return _perturbed_linear(static, x, weight, bias, seeds, sigma)
+
+
+def _forward(static: _LinearStatic, x, weight, bias, seeds, sigma):
+  if static.implementation == "reference":
+    return reference.perturbed_linear_reference(
+        x, weight, bias, seeds, sigma, static.offset, kind=static.kind,
+        antithetic=static.antithetic, out_dtype=static.out_dtype,
+    )
+  return _kernels().perturbed_linear(
+      x, weight, bias, seeds, sigma, static.offset, kind=static.kind,
+      antithetic=static.antithetic, out_dtype=static.out_dtype, config=static.config,
+      interpret=static.implementation == "interpret",
+  )
+
+
+def _input_grad(static: _LinearStatic, grad_out, weight, seeds, sigma):
+  if static.implementation == "reference":
+    return reference.perturbed_linear_input_grad_reference(
+        grad_out, weight, seeds, sigma, static.offset, kind=static.kind,
+        antithetic=static.antithetic, shared_x=static.shared_x,
+    )
+  return _kernels().perturbed_linear_input_grad(
+      grad_out, weight, seeds, sigma, static.offset, kind=static.kind,
+      antithetic=static.antithetic, shared_x=static.shared_x,
+      interpret=static.implementation == "interpret",
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _perturbed_linear(static, x, weight, bias, seeds, sigma):
+  return _forward(static, x, weight, bias, seeds, sigma)
+
+
+def _perturbed_linear_fwd(static, x, weight, bias, seeds, sigma):
+  values = jax.tree.map(lambda p: p.value, (x, weight, bias, seeds, sigma))
+  perturbed = jax.tree.map(lambda p: p.perturbed, (x, weight, bias, seeds, sigma))
+  out = _forward(static, *values)
+  return out, (values, perturbed)
+
+
+def _perturbed_linear_bwd(static, residuals, grad_out):
+  (x, weight, bias, seeds, sigma), (x_p, weight_p, bias_p, _, sigma_p) = residuals
+  if isinstance(grad_out, jax.custom_derivatives.SymbolicZero):
+    grad_out = jnp.zeros(grad_out.shape, grad_out.dtype)
+  grad_out = grad_out.astype(jnp.float32)
+  grad_x = grad_weight = grad_bias = grad_sigma = None
+  if x_p:
+    grad_x = _input_grad(static, grad_out, weight, seeds, sigma).astype(x.dtype)
+  if weight_p:
+    x32 = x.astype(jnp.float32)
+    if static.shared_x:
+      grad_weight = jnp.einsum("bo,bk->ok", grad_out.sum(0), x32)
+    else:
+      grad_weight = jnp.einsum("pbo,pbk->ok", grad_out, x32)
+    grad_weight = grad_weight.astype(weight.dtype)
+  if bias is not None and bias_p:
+    grad_bias = grad_out.sum((0, 1)).astype(bias.dtype)
+  if sigma_p:
+    # dY/dsigma is the noise term alone: the op with W = 0, b = 0, sigma = 1.
+    zero_bias = None if bias is None else jnp.zeros_like(bias)
+    noise_term = _forward(static, x, jnp.zeros_like(weight), zero_bias, seeds, jnp.float32(1))
+    grad_sigma = jnp.sum(grad_out * noise_term.astype(jnp.float32)).astype(sigma.dtype)
+  return grad_x, grad_weight, grad_bias, None, grad_sigma
+
+
+_perturbed_linear.defvjp(_perturbed_linear_fwd, _perturbed_linear_bwd, symbolic_zeros=True)
+
+
+def _check_fitness(fitness, seeds):
+  fitness = _common.check_float_array(fitness, "fitness", (1,))
+  if fitness.shape[0] != seeds.shape[0]:
+    raise ValueError(
+        f"fitness and seeds must have the same length: fitness {_common.describe(fitness)}, "
+        f"seeds {_common.describe(seeds)}"
+    )
+  return fitness
+
+
+def virtual_weight_gradient(
+    fitness: jax.Array,
+    seeds: jax.Array,
+    weight_shape: Sequence[int],
+    sigma: float | jax.Array,
+    pop_size: int | None = None,
+    offset: int = 0,
+    *,
+    kind: str = noise_lib.DEFAULT_KIND,
+    antithetic: bool = False,
+    implementation: str = "auto",
+    config: Any = None,
+) -> jax.Array:
+  """ES estimate of a weight gradient from fitness, regenerating the noise.
+
+  ``grad[j, k] = sum_i fitness_i s_i N_i[j, k] / (pop_size * sigma)`` with
+  the same noise as :func:`virtual_perturbed_linear` (index
+  ``offset + j * in + k``). With ``antithetic=True`` each pair contributes
+  ``(f_2m - f_2m+1) N_m`` and the noise is generated once per pair.
+
+  Args:
+    fitness: ``(pop,)`` float fitness (already shaped, see
+      :mod:`jaxnoise.optim`).
+    seeds: ``(pop,)`` seeds.
+    weight_shape: ``(out, in)``.
+    sigma: the perturbation standard deviation used in the forward pass.
+    pop_size: the divisor's population size (default ``len(fitness)``).
+    offset: element index of ``weight[0, 0]``.
+    kind: noise kind.
+    antithetic: antithetic pairs (see :func:`virtual_perturbed_linear`).
+    implementation: ``"auto"``, ``"pallas"``, ``"interpret"``, ``"reference"``.
+    config: kernel config (:class:`WeightGradientConfig`) or None.
+
+  Returns:
+    ``weight_shape`` float32 gradient estimate.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> g = virtual_weight_gradient(jnp.ones(4), jnp.arange(4), (2, 3), 0.1)
+    >>> g.shape
+    (2, 3)
+  """
+  seeds = _check_population(seeds, antithetic)
+  fitness = _check_fitness(fitness, seeds)
+  weight_shape = _common.check_shape(weight_shape, "weight_shape", 2)
+  return _gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, kind, antithetic,
+                   implementation, config)
+
+
+def virtual_bias_gradient(
+    fitness: jax.Array,
+    seeds: jax.Array,
+    bias_shape: Sequence[int] | int,
+    sigma: float | jax.Array,
+    pop_size: int | None = None,
+    offset: int = 0,
+    *,
+    kind: str = noise_lib.DEFAULT_KIND,
+    antithetic: bool = False,
+    implementation: str = "auto",
+    config: Any = None,
+) -> jax.Array:
+  """ES estimate of a bias (any 1-D block) gradient.
+
+  ``grad[j] = sum_i fitness_i s_i nb_i[j] / (pop_size * sigma)`` with
+  ``nb_i[j]`` at index ``offset + j``: pass the bias's own offset
+  (``weight_offset + out * in`` for a linear layer's bias).
+
+  Args:
+    fitness: ``(pop,)`` float fitness.
+    seeds: ``(pop,)`` seeds.
+    bias_shape: ``(out,)`` (or an int).
+    sigma: perturbation standard deviation.
+    pop_size: divisor's population size (default ``len(fitness)``).
+    offset: element index of ``bias[0]``.
+    kind: noise kind.
+    antithetic: antithetic pairs.
+    implementation: ``"auto"``, ``"pallas"``, ``"interpret"``, ``"reference"``.
+    config: kernel config or None.
+
+  Returns:
+    ``bias_shape`` float32 gradient estimate.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> virtual_bias_gradient(jnp.ones(4), jnp.arange(4), 3, 0.1, offset=6).shape
+    (3,)
+  """
+  seeds = _check_population(seeds, antithetic)
+  fitness = _check_fitness(fitness, seeds)
+  bias_shape = _common.check_shape(bias_shape, "bias_shape", 1)
+  return _gradient(fitness, seeds, bias_shape, sigma, pop_size, offset, kind, antithetic,
+                   implementation, config)
+
+
+def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, implementation,
+              config):
+  sigma = _common.check_sigma(sigma)
+  pop_size = fitness.shape[0] if pop_size is None else _common.check_positive_int(
+      pop_size, "pop_size")
+  offset = noise_lib.check_offset(offset)
+  kind = noise_lib.get_kind(kind)
+  implementation = _common.resolve_implementation(implementation)
+  if implementation == "reference":
+    fn = (reference.weight_gradient_reference if len(shape) == 2
+          else reference.bias_gradient_reference)
+    return fn(fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic)
+  return _kernels().noise_gradient(
+      fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
+      config=config, interpret=implementation == "interpret",
+  )
+
+
+def virtual_reduce_metric(
+    center: jax.Array,
+    seeds: jax.Array,
+    sigma: float | jax.Array,
+    n_params: int | None = None,
+    offset: int = 0,
+    *,
+    kind: str = noise_lib.DEFAULT_KIND,
+    antithetic: bool = False,
+    implementation: str = "auto",
+    config: Any = None,
+) -> jax.Array:
+  """Per-individual mean absolute value of a perturbed vector.
+
+  ``metric[i] = mean_k |center[k] + sigma s_i noise(seed_i, offset + k)|``,
+  with ``O(pop)`` memory in the kernel.
+
+  Args:
+    center: ``(n_params,)`` float vector (e.g. flattened parameters).
+    seeds: ``(pop,)`` seeds.
+    sigma: perturbation standard deviation.
+    n_params: must equal ``center.shape[0]`` if given (kept for the seed
+      document's signature).
+    offset: element index of ``center[0]``.
+    kind: noise kind.
+    antithetic: antithetic pairs.
+    implementation: ``"auto"``, ``"pallas"``, ``"interpret"``, ``"reference"``.
+    config: kernel config or None.
+
+  Returns:
+    ``(pop,)`` float32.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> virtual_reduce_metric(jnp.zeros(100), jnp.arange(3), 1.0).shape
+    (3,)
+  """
+  center = _common.check_float_array(center, "center", (1,))
+  seeds = _check_population(seeds, antithetic)
+  if n_params is not None and n_params != center.shape[0]:
+    raise ValueError(f"n_params={n_params} must equal center's length, got {_common.describe(center)}")
+  sigma = _common.check_sigma(sigma)
+  offset = noise_lib.check_offset(offset)
+  kind = noise_lib.get_kind(kind)
+  implementation = _common.resolve_implementation(implementation)
+  if implementation == "reference":
+    return reference.reduce_metric_reference(
+        center, seeds, sigma, center.shape[0], offset, kind=kind, antithetic=antithetic)
+  return _kernels().reduce_metric(
+      center, seeds, sigma, offset, kind=kind, antithetic=antithetic, config=config,
+      interpret=implementation == "interpret",
+  )

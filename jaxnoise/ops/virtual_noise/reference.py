@@ -1,0 +1,244 @@
+"""Pure-JAX reference implementations of the virtual-noise ops.
+
+These are the CPU path and the test oracle of the Pallas kernels. They build
+the noise of a *chunk* of the population at a time (never ``(pop, out, in)``
+at once), so a CPU user with a large population does not run out of memory;
+``chunk_size`` fixes the number of individuals per chunk (results do not
+depend on it: the noise is a function of ``(seed, index)`` alone).
+
+Inputs are assumed validated by :mod:`jaxnoise.ops.virtual_noise.api`:
+``seeds`` is ``(pop,)`` uint32, ``sigma`` a float32 scalar, ``offset`` a
+Python int.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxnoise import noise as noise_lib
+
+# Elements of noise one chunk may hold (float32: 64 MiB).
+DEFAULT_CHUNK_ELEMENTS = 1 << 24
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def chunk_size_for(pop: int, elements_per_individual: int, chunk_size: int | None = None) -> int:
+  """Individuals per chunk: ``chunk_size`` if given, else what fits the budget."""
+  if chunk_size is not None:
+    if chunk_size <= 0:
+      raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    return min(int(chunk_size), pop)
+  return max(1, min(pop, DEFAULT_CHUNK_ELEMENTS // max(1, elements_per_individual)))
+
+
+def _map_chunks(fn: Callable, chunk: int, *xs):
+  """``jnp.stack([fn(*x_i) for i])`` over the leading axis, ``chunk`` at a time."""
+  return jax.lax.map(lambda args: fn(*args), xs, batch_size=chunk)
+
+
+def _sum_chunks(fn: Callable, chunk: int, pop: int, init: jax.Array, *xs):
+  """``sum_i fn(*x_i)`` over the leading axis, ``chunk`` individuals at a time.
+
+  ``fn`` maps a chunk (leading axis ``chunk``) to a partial sum. The
+  population is padded with zeros to a whole number of chunks; ``fn`` must
+  return zero for padded rows (callers pad fitness with zeros).
+  """
+  n_chunks = -(-pop // chunk)
+  pad = n_chunks * chunk - pop
+  padded = [jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) for x in xs]
+  chunked = [x.reshape((n_chunks, chunk) + x.shape[1:]) for x in padded]
+
+  def body(acc, args):
+    return acc + fn(*args), None
+
+  total, _ = jax.lax.scan(body, init, chunked)
+  return total
+
+
+def _weight_noise(seeds, offset, weight_shape, kind):
+  """``(c, out, in)`` noise for a chunk of seeds ``(c,)``."""
+  out_features, in_features = weight_shape
+  hi, lo = noise_lib.block_index(offset, weight_shape)
+  high = not noise_lib.fits_32_bits(kind, offset, out_features * in_features)
+  return noise_lib.noise_at(seeds[:, None, None], hi[None], lo[None], kind, high_word=high)
+
+
+def _vector_noise(seeds, offset, length, kind):
+  """``(c, length)`` noise for a chunk of seeds ``(c,)``."""
+  hi, lo = noise_lib.block_index(offset, (length,))
+  high = not noise_lib.fits_32_bits(kind, offset, length)
+  return noise_lib.noise_at(seeds[:, None], hi[None], lo[None], kind, high_word=high)
+
+
+def perturbed_linear_reference(
+    x: jax.Array,
+    weight: jax.Array,
+    bias: jax.Array | None,
+    seeds: jax.Array,
+    sigma: jax.Array,
+    offset: int,
+    *,
+    kind: noise_lib.NoiseKind,
+    antithetic: bool,
+    out_dtype=jnp.float32,
+    chunk_size: int | None = None,
+) -> jax.Array:
+  """``Y[i] = X[i] @ (W + sigma s_i N_i)^T + (b + sigma s_i nb_i)`` in float32."""
+  pop = seeds.shape[0]
+  out_features, in_features = weight.shape
+  chunk = chunk_size_for(pop, out_features * in_features, chunk_size)
+  pair_seeds = noise_lib.pair_seeds(seeds, antithetic)
+  signs = noise_lib.antithetic_signs(pop, antithetic)
+  weight32 = weight.astype(jnp.float32)
+  bias32 = None if bias is None else bias.astype(jnp.float32)
+  bias_offset = offset + out_features * in_features
+  sigma = jnp.asarray(sigma, jnp.float32)
+
+  def per_individual(x_i, seed, sign):
+    scaled = sigma * sign
+    perturbed = weight32 + scaled * _weight_noise(seed[None], offset, weight.shape, kind)[0]
+    y = jnp.einsum("bk,ok->bo", x_i.astype(jnp.float32), perturbed, precision=_HIGHEST)
+    if bias32 is not None:
+      y = y + (bias32 + scaled * _vector_noise(seed[None], bias_offset, out_features, kind)[0])
+    return y.astype(out_dtype)
+
+  if x.ndim == 2:
+    return _map_chunks(lambda s, g: per_individual(x, s, g), chunk, pair_seeds, signs)
+  return _map_chunks(per_individual, chunk, x, pair_seeds, signs)
+
+
+def perturbed_linear_input_grad_reference(
+    grad_out: jax.Array,
+    weight: jax.Array,
+    seeds: jax.Array,
+    sigma: jax.Array,
+    offset: int,
+    *,
+    kind: noise_lib.NoiseKind,
+    antithetic: bool,
+    shared_x: bool,
+    chunk_size: int | None = None,
+) -> jax.Array:
+  """``dX[i] = G[i] @ (W + sigma s_i N_i)``; summed over ``i`` when x is shared."""
+  pop = seeds.shape[0]
+  out_features, in_features = weight.shape
+  chunk = chunk_size_for(pop, out_features * in_features, chunk_size)
+  pair_seeds = noise_lib.pair_seeds(seeds, antithetic)
+  signs = noise_lib.antithetic_signs(pop, antithetic)
+  sigma = jnp.asarray(sigma, jnp.float32)
+  grad_out = grad_out.astype(jnp.float32)
+  weight32 = weight.astype(jnp.float32)
+
+  def noise_part(g_c, seed_c, sign_c):
+    scaled = (sigma * sign_c)[:, None, None]
+    noise = scaled * _weight_noise(seed_c, offset, weight.shape, kind)
+    return jnp.einsum("cbo,cok->cbk", g_c, noise, precision=_HIGHEST)
+
+  base = jnp.einsum("...bo,ok->...bk", grad_out, weight32, precision=_HIGHEST)
+  if shared_x:
+    init = jnp.zeros((grad_out.shape[1], in_features), jnp.float32)
+    noise_sum = _sum_chunks(
+        lambda g, s, sg: noise_part(g, s, sg).sum(0), chunk, pop, init, grad_out, pair_seeds, signs
+    )
+    return base.sum(0) + noise_sum
+  per_individual = _map_chunks(
+      lambda g, s, sg: noise_part(g[None], s[None], sg[None])[0], chunk, grad_out, pair_seeds, signs
+  )
+  return base + per_individual
+
+
+def _paired_fitness(fitness, seeds, antithetic):
+  """Fold antithetic pairs: ``(f_2m - f_2m+1, seeds[2m])``; else ``(f, seeds)``."""
+  fitness = fitness.astype(jnp.float32)
+  if antithetic:
+    return fitness[0::2] - fitness[1::2], seeds[0::2]
+  return fitness, seeds
+
+
+def weight_gradient_reference(
+    fitness: jax.Array,
+    seeds: jax.Array,
+    weight_shape: tuple[int, int],
+    sigma: jax.Array,
+    pop_size: int,
+    offset: int,
+    *,
+    kind: noise_lib.NoiseKind,
+    antithetic: bool,
+    chunk_size: int | None = None,
+) -> jax.Array:
+  """``sum_i fitness_i s_i N_i / (pop_size * sigma)``, shape ``weight_shape``."""
+  weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
+  n = pair_seeds.shape[0]
+  chunk = chunk_size_for(n, math.prod(weight_shape), chunk_size)
+
+  def partial(f_c, seed_c):
+    return jnp.tensordot(f_c, _weight_noise(seed_c, offset, weight_shape, kind), axes=1,
+                         precision=_HIGHEST)
+
+  init = jnp.zeros(weight_shape, jnp.float32)
+  total = _sum_chunks(partial, chunk, n, init, weights, pair_seeds)
+  return total / (jnp.float32(pop_size) * jnp.asarray(sigma, jnp.float32))
+
+
+def bias_gradient_reference(
+    fitness: jax.Array,
+    seeds: jax.Array,
+    bias_shape: tuple[int],
+    sigma: jax.Array,
+    pop_size: int,
+    offset: int,
+    *,
+    kind: noise_lib.NoiseKind,
+    antithetic: bool,
+    chunk_size: int | None = None,
+) -> jax.Array:
+  """``sum_i fitness_i s_i nb_i / (pop_size * sigma)``, shape ``bias_shape``."""
+  weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
+  n = pair_seeds.shape[0]
+  (length,) = bias_shape
+  chunk = chunk_size_for(n, length, chunk_size)
+
+  def partial(f_c, seed_c):
+    return jnp.tensordot(f_c, _vector_noise(seed_c, offset, length, kind), axes=1,
+                         precision=_HIGHEST)
+
+  init = jnp.zeros((length,), jnp.float32)
+  total = _sum_chunks(partial, chunk, n, init, weights, pair_seeds)
+  return total / (jnp.float32(pop_size) * jnp.asarray(sigma, jnp.float32))
+
+
+def reduce_metric_reference(
+    center: jax.Array,
+    seeds: jax.Array,
+    sigma: jax.Array,
+    n_params: int,
+    offset: int,
+    *,
+    kind: noise_lib.NoiseKind,
+    antithetic: bool,
+    chunk_size: int | None = None,
+) -> jax.Array:
+  """``mean_k |center[k] + sigma s_i noise[i, k]|`` per individual, ``(pop,)``."""
+  pop = seeds.shape[0]
+  center = center.astype(jnp.float32)
+  pair_seeds = noise_lib.pair_seeds(seeds, antithetic)
+  signs = noise_lib.antithetic_signs(pop, antithetic)
+  sigma = jnp.asarray(sigma, jnp.float32)
+  # Parameter windows, so one chunk never holds more than the budget.
+  window = min(n_params, DEFAULT_CHUNK_ELEMENTS)
+  chunk = chunk_size_for(pop, window, chunk_size)
+
+  def per_individual(seed, sign):
+    total = jnp.zeros((), jnp.float32)
+    for start in range(0, n_params, window):
+      length = min(window, n_params - start)
+      noise = _vector_noise(seed[None], offset + start, length, kind)[0]
+      total = total + jnp.abs(center[start:start + length] + (sigma * sign) * noise).sum()
+    return total / jnp.float32(n_params)
+
+  return _map_chunks(per_individual, chunk, pair_seeds, signs)
