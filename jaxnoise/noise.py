@@ -288,17 +288,15 @@ def unscaled_noise(seed, index_hi, index_lo, kind: NoiseKind, *, high_word: bool
 
   Args:
     seed: uint32 seeds, broadcastable against the index arrays.
-    index_hi: uint32 high index words (ignored when ``high_word`` is False).
+    index_hi: uint32 high index words.
     index_lo: uint32 low index words.
     kind: the noise kind.
-    high_word: False when every word index is known to be below 2**32, which
-      hoists the key schedule out of the element loop (same bits).
+    high_word: False when every *word* index is known to be below 2**32,
+      which makes the stream keys independent of the element (same bits).
 
   Returns:
     float32 ``q``; the noise is ``q * kind.scale``.
   """
-  if not high_word:
-    index_hi = jnp.zeros((), _U32)
   word_hi, word_lo, lane = word_address(kind, index_hi, index_lo)
   if not high_word:
     word_hi = jnp.zeros((), _U32)

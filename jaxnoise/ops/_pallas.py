@@ -1,0 +1,119 @@
+"""The Pallas GPU (Triton) backend: the only module that touches it directly.
+
+* :func:`pallas_call` wraps ``pl.pallas_call`` and silences exactly one
+  warning, the Triton backend's deprecation notice (jax >= 0.11), which would
+  otherwise fire on every kernel. The notice is emitted when the kernel is
+  lowered, which happens lazily at the first call of a jitted function, so
+  besides the context manager around ``pallas_call`` a filter for that one
+  message (and no other) is installed when this module is imported.
+* :func:`compiler_params` builds Triton compiler parameters for both jax
+  0.10 and 0.11.
+* :func:`max_shared_memory_per_block` reads the device's real opt-in
+  shared-memory limit from the CUDA driver (``cuDeviceGetAttribute`` with
+  attribute 97 through ctypes), never from a table of GPU names;
+  :func:`choose_num_stages` turns it into a software-pipelining depth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import warnings
+from typing import Any
+
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+__all__ = [
+    "choose_num_stages",
+    "compiler_params",
+    "load",
+    "max_shared_memory_per_block",
+    "pallas_call",
+    "store",
+]
+
+_TRITON_DEPRECATION = r".*Triton backend is deprecated.*"
+warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION)
+
+load = plgpu.load
+store = plgpu.store
+
+_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+
+
+@contextlib.contextmanager
+def _quiet_triton_deprecation():
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION)
+    yield
+
+
+def pallas_call(kernel, *, interpret: bool, **kwargs: Any):
+  """``pl.pallas_call`` with the Triton deprecation notice filtered.
+
+  Returns a callable; lowering and the call itself run with the filter on.
+  """
+  with _quiet_triton_deprecation():
+    call = pl.pallas_call(kernel, interpret=interpret, **kwargs)
+
+  @functools.wraps(call)
+  def wrapped(*args):
+    with _quiet_triton_deprecation():
+      return call(*args)
+
+  return wrapped
+
+
+def compiler_params(num_warps: int, num_stages: int) -> Any:
+  """Triton compiler parameters (``plgpu.CompilerParams``)."""
+  return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+@functools.cache
+def max_shared_memory_per_block() -> int | None:
+  """The first GPU's opt-in shared memory per block in bytes, or None.
+
+  Read from the CUDA driver (``cuDeviceGetAttribute(..., 97, dev)`` via
+  ``libcuda.so.1``). None when there is no GPU backend or no driver.
+  """
+  if jax.default_backend() != "gpu":
+    return None
+  try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+  except OSError:
+    return None
+  if cuda.cuInit(0) != 0:
+    return None
+  device = ctypes.c_int()
+  if cuda.cuDeviceGet(ctypes.byref(device), 0) != 0:
+    return None
+  value = ctypes.c_int()
+  status = cuda.cuDeviceGetAttribute(
+      ctypes.byref(value), _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device)
+  return int(value.value) if status == 0 else None
+
+
+# Used when the limit cannot be read (CPU/interpret, or no driver): the
+# smallest opt-in limit of the GPUs Triton supports (sm_75).
+_FALLBACK_SHARED_MEMORY = 64 * 1024
+
+
+def choose_num_stages(per_stage_bytes: int, *, max_stages: int = 4, fixed_bytes: int = 0) -> int:
+  """Deepest software pipeline whose shared-memory footprint fits the device.
+
+  Args:
+    per_stage_bytes: shared memory one pipeline stage holds (the tiles loaded
+      per loop iteration); a pessimistic estimate is safe.
+    max_stages: upper bound.
+    fixed_bytes: shared memory used outside the pipeline (e.g. operands
+      produced in registers and staged once for the matrix units).
+
+  Returns:
+    An int in ``[1, max_stages]``.
+  """
+  limit = max_shared_memory_per_block() or _FALLBACK_SHARED_MEMORY
+  stages = (limit - fixed_bytes) // max(1, per_stage_bytes)
+  return int(max(1, min(max_stages, stages)))

@@ -1,0 +1,192 @@
+"""Kernel configurations of the virtual-noise ops, with heuristic defaults.
+
+Each config is a frozen (hashable) dataclass, so it can be a static argument
+and an autotuning cache value. ``validate`` rejects settings the GPU lowering
+cannot compile (every block a power of two) instead of silently changing them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxnoise import noise as noise_lib
+from jaxnoise.ops import _pallas
+
+
+def _is_pow2(value: int) -> bool:
+  return value > 0 and value & (value - 1) == 0
+
+
+def next_pow2(value: int) -> int:
+  return 1 << max(0, int(value) - 1).bit_length()
+
+
+def _check_pow2(config, *names: str, minimum: int = 1) -> None:
+  for name in names:
+    value = getattr(config, name)
+    if not _is_pow2(value) or value < minimum:
+      raise ValueError(
+          f"{type(config).__name__}.{name} must be a power of two >= {minimum}, got {value}")
+
+
+def _check_warps_stages(config) -> None:
+  if config.num_warps not in (1, 2, 4, 8, 16):
+    raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {config.num_warps}")
+  if config.num_stages is not None and config.num_stages < 1:
+    raise ValueError(f"num_stages must be >= 1 or None, got {config.num_stages}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PerturbedLinearConfig:
+  """Tiles of the perturbed-linear kernels (forward and input gradient).
+
+  Forward: one program computes a ``(block_batch, block_out)`` output tile
+  for one individual (or one antithetic pair), looping over ``in`` in steps of
+  ``block_in``; the noise tile ``(block_out, block_in)`` is generated in
+  registers once per step and feeds both members of a pair. Input gradient:
+  the program's output tile is ``(block_batch, block_in)`` and the loop runs
+  over ``out`` in steps of ``block_out``.
+
+  Attributes:
+    block_batch: rows of x per tile (>= 16, the matrix units' minimum).
+    block_out: output features per tile (>= 16).
+    block_in: input features per tile (>= 32; a multiple of 32 keeps the
+      "rademacher" kind's 32-values-per-word unpacking inside one tile).
+    num_warps: warps per program.
+    num_stages: software-pipelining depth; None takes the deepest that fits
+      the device's shared memory (:func:`jaxnoise.ops._pallas.choose_num_stages`).
+    tf32: float32 inputs use TF32 matrix units (like ``jnp.dot``'s default
+      precision on GPU); False gives full float32 (IEEE) products.
+  """
+
+  block_batch: int = 64
+  block_out: int = 64
+  block_in: int = 64
+  num_warps: int = 4
+  num_stages: int | None = None
+  tf32: bool = True
+
+  def validate(self) -> "PerturbedLinearConfig":
+    _check_pow2(self, "block_batch", "block_out", minimum=16)
+    _check_pow2(self, "block_in", minimum=32)
+    _check_warps_stages(self)
+    return self
+
+  def stages(self, x_itemsize: int, w_itemsize: int, with_weight: bool) -> int:
+    """Pipelining depth: this config's, or the deepest that fits shared memory."""
+    if self.num_stages is not None:
+      return self.num_stages
+    per_stage = self.block_batch * self.block_in * x_itemsize
+    if with_weight:
+      per_stage += self.block_out * self.block_in * w_itemsize
+    noise_tile = self.block_out * self.block_in * x_itemsize
+    return _pallas.choose_num_stages(per_stage, fixed_bytes=noise_tile)
+
+
+def perturbed_linear_heuristics(batch: int, out_features: int, in_features: int,
+                                kind: noise_lib.NoiseKind) -> PerturbedLinearConfig:
+  """A good untuned config: the whole batch in one tile where it fits.
+
+  Noise is regenerated once per batch tile, so covering the batch with one
+  tile (up to 128 rows) keeps the hashing at one pass over ``out * in`` per
+  individual; the output tile stays at most 128 x 64 float32 accumulators.
+  """
+  del kind
+  block_batch = min(128, max(16, next_pow2(batch)))
+  block_out = min(64, max(16, next_pow2(out_features)))
+  block_in = min(64, max(32, next_pow2(in_features)))
+  num_warps = 8 if block_batch * block_out >= 128 * 64 else 4
+  return PerturbedLinearConfig(block_batch, block_out, block_in, num_warps)
+
+
+def input_grad_heuristics(batch: int, out_features: int, in_features: int,
+                          kind: noise_lib.NoiseKind) -> PerturbedLinearConfig:
+  """Heuristic tiles of the input-gradient kernel (contraction over ``out``)."""
+  del kind
+  block_batch = min(128, max(16, next_pow2(batch)))
+  block_out = min(64, max(16, next_pow2(out_features)))
+  block_in = min(64, max(32, next_pow2(in_features)))
+  num_warps = 8 if block_batch * block_in >= 128 * 64 else 4
+  return PerturbedLinearConfig(block_batch, block_out, block_in, num_warps)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseGradientConfig:
+  """Tiles of the gradient-estimate kernel (weights and biases alike).
+
+  The parameter block is flat (index ``offset + e``); one program owns a tile
+  of ``block_rows * 32`` consecutive elements (32-aligned in index space, so a
+  "rademacher" word never straddles tiles) and sums over its share of the
+  population. ``pop_splits`` programs share the population of one tile and
+  write partial sums that are added afterwards (deterministically).
+
+  Attributes:
+    block_rows: tile rows of 32 elements (power of two).
+    pop_splits: population shares per tile; None picks enough programs to
+      fill the GPU.
+    num_warps: warps per program.
+  """
+
+  block_rows: int = 64
+  pop_splits: int | None = None
+  num_warps: int = 4
+
+  def validate(self) -> "NoiseGradientConfig":
+    _check_pow2(self, "block_rows")
+    if self.pop_splits is not None and self.pop_splits < 1:
+      raise ValueError(f"pop_splits must be >= 1 or None, got {self.pop_splits}")
+    if self.num_warps not in (1, 2, 4, 8, 16):
+      raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
+    return self
+
+
+# Programs per streaming multiprocessor the heuristics aim for; 132 SMs on
+# an H100/H200. Only a target for how much parallelism to create.
+_TARGET_PROGRAMS = 132 * 8
+
+
+def noise_gradient_heuristics(n_elements: int, n_individuals: int) -> NoiseGradientConfig:
+  block_rows = 64 if n_elements >= 64 * 32 * 256 else 32
+  tiles = -(-n_elements // (block_rows * 32))
+  splits = max(1, min(n_individuals // 16, _TARGET_PROGRAMS // max(1, tiles)))
+  return NoiseGradientConfig(block_rows=block_rows, pop_splits=max(1, splits), num_warps=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceMetricConfig:
+  """Tiles of the reduce-metric kernel.
+
+  One program owns ``individuals_per_program`` individuals (pairs when
+  antithetic) and walks the parameters in tiles of ``block_rows * 32``,
+  reading each ``center`` tile once for all of them; ``param_splits``
+  programs share the parameters of one group (partial sums).
+
+  Attributes:
+    block_rows: tile rows of 32 parameters (power of two).
+    individuals_per_program: individuals (or pairs) per program.
+    param_splits: parameter shares per group; None picks a heuristic.
+    num_warps: warps per program.
+  """
+
+  block_rows: int = 32
+  individuals_per_program: int = 4
+  param_splits: int | None = None
+  num_warps: int = 4
+
+  def validate(self) -> "ReduceMetricConfig":
+    _check_pow2(self, "block_rows")
+    if self.individuals_per_program < 1:
+      raise ValueError(
+          f"individuals_per_program must be >= 1, got {self.individuals_per_program}")
+    if self.param_splits is not None and self.param_splits < 1:
+      raise ValueError(f"param_splits must be >= 1 or None, got {self.param_splits}")
+    if self.num_warps not in (1, 2, 4, 8, 16):
+      raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
+    return self
+
+
+def reduce_metric_heuristics(n_params: int, n_programs_pop: int) -> ReduceMetricConfig:
+  groups = -(-n_programs_pop // 4)
+  tiles = -(-n_params // (32 * 32))
+  splits = max(1, min(tiles, _TARGET_PROGRAMS // max(1, groups)))
+  return ReduceMetricConfig(block_rows=32, individuals_per_program=4, param_splits=splits)

@@ -1,0 +1,559 @@
+"""Pallas kernels (GPU Triton backend) of the virtual-noise ops.
+
+The noise is generated in registers from ``(seed, element index)`` with the
+functions of :mod:`jaxnoise.noise` (the one hash), tile by tile, inside the
+matrix product, the gradient estimate and the reduce-metric. It is never
+written to memory. Kernels feed the integer-valued ``q`` of each kind to the
+matrix units and apply the kind's scale (times ``sigma``) once to the
+accumulated result.
+
+Tiles are powers of two (the GPU lowering requires it) over ragged arrays:
+loads and stores are masked. The same kernels run on CPU through Pallas's
+interpreter (``interpret=True``), which is how CI tests them.
+
+Index bookkeeping per tile: each row of a tile knows the (64-bit) word index
+of its first element; elements add a 32-bit delta, and when some word index
+reaches 2**32 a carry selects between the keys of the row's high word and
+the next one (a row spans fewer than 2**32 words). The "rademacher" kind
+hashes one word per 32 elements and unpacks its bits across a
+``(rows, words, 32)`` tile; rows that do not start on a word boundary (``in``
+or ``offset`` not a multiple of 32) take each element's bit from one of two
+neighbouring words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from jaxnoise import noise as noise_lib
+from jaxnoise.ops import _pallas
+from jaxnoise.ops.virtual_noise import config as config_lib
+
+_U32 = jnp.uint32
+_F32 = jnp.float32
+
+
+# ----------------------------------------------------------------------------
+# Noise tiles (shared by every kernel).
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseLayout:
+  """Where a ``(rows, n_cols)`` block's noise comes from (static).
+
+  Attributes:
+    kind: the noise kind.
+    offset: index of element ``(0, 0)``.
+    n_cols: row length in index space.
+    element_fits: every element index is below 2**32.
+    high_word: some word index is 2**32 or more.
+    aligned: every row starts on a word boundary (always true for kinds with
+      one value per word).
+  """
+
+  kind: noise_lib.NoiseKind
+  offset: int
+  n_cols: int
+  element_fits: bool
+  high_word: bool
+  aligned: bool
+
+  @classmethod
+  def of_block(cls, kind: noise_lib.NoiseKind, offset: int, n_rows: int, n_cols: int):
+    end = offset + n_rows * n_cols
+    per_word = kind.values_per_word
+    return cls(
+        kind=kind,
+        offset=offset,
+        n_cols=n_cols,
+        element_fits=end <= 1 << 32,
+        high_word=not noise_lib.fits_32_bits(kind, offset, n_rows * n_cols),
+        aligned=per_word == 1 or (offset % per_word == 0 and n_cols % per_word == 0),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowStart:
+  word_hi: jax.Array | None
+  word_lo: jax.Array
+  lane: jax.Array | None
+
+
+def _row_start(layout: NoiseLayout, rows: jax.Array) -> _RowStart:
+  """Word index (and lane) of each row's first element; ``rows`` is uint32 ``(R, 1)``."""
+  if layout.element_fits:
+    hi = jnp.zeros_like(rows)
+    lo = rows * _U32(layout.n_cols) + _U32(layout.offset)
+  else:
+    hi, lo = noise_lib.row_base(layout.offset, rows, layout.n_cols)
+  word_hi, word_lo, lane = noise_lib.word_address(layout.kind, hi, lo)
+  return _RowStart(word_hi if layout.high_word else None, word_lo, lane)
+
+
+def _stream_keys(layout: NoiseLayout, seed: jax.Array, start: _RowStart):
+  """Keys of the streams a tile needs: one pair, or per row for hi and hi + 1."""
+  if not layout.high_word:
+    return noise_lib.stream_keys(seed, _U32(0))
+  return (noise_lib.stream_keys(seed, start.word_hi),
+          noise_lib.stream_keys(seed, start.word_hi + _U32(1)))
+
+
+def _words(layout: NoiseLayout, keys, start: _RowStart, delta: jax.Array) -> jax.Array:
+  """Hash words at word index ``row start + delta``."""
+  lo = start.word_lo + delta
+  if not layout.high_word:
+    multiplier, increment = keys
+    return noise_lib.hash_word(multiplier, increment, lo)
+  (mul_0, inc_0), (mul_1, inc_1) = keys
+  carried = lo < start.word_lo
+  return noise_lib.hash_word(jnp.where(carried, mul_1, mul_0), jnp.where(carried, inc_1, inc_0),
+                             lo)
+
+
+def noise_tile(layout: NoiseLayout, keys, start: _RowStart, col0: jax.Array, n_rows: int,
+               n_cols: int) -> jax.Array:
+  """Integer-valued noise ``q`` of columns ``[col0, col0 + n_cols)`` of a row tile.
+
+  Args:
+    layout: the block's layout.
+    keys: from :func:`_stream_keys`.
+    start: from :func:`_row_start` for the tile's rows.
+    col0: first column (int32 scalar; a multiple of 32 for packed kinds).
+    n_rows: rows in the tile.
+    n_cols: columns in the tile (a multiple of 32 for packed kinds).
+
+  Returns:
+    float32 ``(n_rows, n_cols)``.
+  """
+  kind = layout.kind
+  col0 = col0.astype(_U32) if hasattr(col0, "astype") else _U32(col0)
+  if kind.values_per_word == 1:
+    delta = col0 + jax.lax.broadcasted_iota(_U32, (1, n_cols), 1)
+    return kind.unscaled(_words(layout, keys, start, delta))
+  per_word = kind.values_per_word
+  shift = kind.log2_values_per_word
+  n_words = n_cols // per_word
+  delta = (col0 >> shift) + jax.lax.broadcasted_iota(_U32, (1, n_words), 1)
+  words = _words(layout, keys, start, delta)[:, :, None]
+  lanes = jax.lax.broadcasted_iota(_U32, (1, 1, per_word), 2)
+  if layout.aligned:
+    values = kind.unscaled(words, lanes)
+  else:
+    next_words = _words(layout, keys, start, delta + _U32(1))[:, :, None]
+    position = start.lane[:, :, None] + lanes
+    word = jnp.where(position < per_word, words, next_words)
+    values = kind.unscaled(word, position & _U32(per_word - 1))
+  return values.reshape(n_rows, n_cols)
+
+
+def _vector_noise(kind, seed, offset: int, index: jax.Array, length: int) -> jax.Array:
+  """Noise ``q`` at ``offset + index`` (int32 vector), the generic per-element formula."""
+  layout = NoiseLayout.of_block(kind, offset, 1, length)
+  hi, lo = noise_lib.row_base(offset, index.astype(_U32), 1)
+  return noise_lib.unscaled_noise(seed, hi, lo, kind, high_word=layout.high_word)
+
+
+def _dot(a, b, contract_b: int, tf32: bool):
+  """``a @ b^T`` (``contract_b=1``) or ``a @ b`` (``contract_b=0``) with f32 accumulation."""
+  precision = None if (tf32 or a.dtype != _F32) else jax.lax.Precision.HIGHEST
+  return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
+                             preferred_element_type=_F32, precision=precision)
+
+
+def _sigma_ref_value(sigma_ref, kind) -> jax.Array:
+  return sigma_ref[0] * _F32(kind.scale)
+
+
+# ----------------------------------------------------------------------------
+# Perturbed linear: forward.
+
+
+def _forward_kernel(x_ref, weight_ref, bias_ref, base_ref, seeds_ref, sigma_ref, out_ref, *,
+                    layout: NoiseLayout, bias_offset: int, has_bias: bool, shared_x: bool,
+                    antithetic: bool, batch: int, out_features: int, in_features: int,
+                    config: config_lib.PerturbedLinearConfig):
+  block_batch, block_out, block_in = config.block_batch, config.block_out, config.block_in
+  pair = 2 if antithetic else 1
+  first = pl.program_id(0) * pair
+  batch0 = pl.program_id(1) * block_batch
+  out0 = pl.program_id(2) * block_out
+  dot_dtype = x_ref.dtype
+  seed = seeds_ref[first]
+
+  rows = out0 + jax.lax.iota(jnp.int32, block_out)
+  batch_rows = batch0 + jax.lax.iota(jnp.int32, block_batch)
+  start = _row_start(layout, rows.astype(_U32)[:, None])
+  keys = _stream_keys(layout, seed, start)
+  batch_ok = batch_rows[:, None] < batch
+  rows_ok = rows[:, None] < out_features
+
+  def load_x(member, col0, cols_ok):
+    index = (pl.ds(batch0, block_batch), pl.ds(col0, block_in))
+    ref = x_ref.at[index] if shared_x else x_ref.at[(first + member,) + index]
+    return _pallas.load(ref, mask=batch_ok & cols_ok, other=0).astype(dot_dtype)
+
+  def body(step, accs):
+    col0 = step * block_in
+    cols_ok = (col0 + jax.lax.iota(jnp.int32, block_in))[None, :] < in_features
+    q = noise_tile(layout, keys, start, col0, block_out, block_in).astype(dot_dtype)
+    if shared_x:
+      (noise_acc,) = accs
+      return (noise_acc + _dot(load_x(0, col0, cols_ok), q, 1, config.tf32),)
+    w_tile = _pallas.load(weight_ref.at[pl.ds(out0, block_out), pl.ds(col0, block_in)],
+                          mask=rows_ok & cols_ok, other=0)
+    new = []
+    for member in range(pair):
+      x_tile = load_x(member, col0, cols_ok)
+      w_dtype = jnp.promote_types(x_tile.dtype, w_tile.dtype)
+      new.append(accs[2 * member] + _dot(x_tile.astype(w_dtype), w_tile.astype(w_dtype), 1,
+                                         config.tf32))
+      new.append(accs[2 * member + 1] + _dot(x_tile, q, 1, config.tf32))
+    return tuple(new)
+
+  n_accs = 1 if shared_x else 2 * pair
+  zeros = tuple(jnp.zeros((block_batch, block_out), _F32) for _ in range(n_accs))
+  accs = jax.lax.fori_loop(0, pl.cdiv(in_features, block_in), body, zeros)
+
+  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind)
+  cols = rows  # output columns are the weight's rows
+  out_ok = batch_ok & (cols[None, :] < out_features)
+  bias_noise = 0.0
+  if has_bias:
+    bias_noise = _vector_noise(layout.kind, seed, bias_offset, rows, out_features)[None, :]
+  if shared_x:
+    base = _pallas.load(base_ref.at[pl.ds(batch0, block_batch), pl.ds(out0, block_out)],
+                        mask=out_ok, other=0)
+    perturbation = scaled_sigma * (accs[0] + bias_noise)
+    outputs = [base + perturbation, base - perturbation][:pair]
+  else:
+    bias = 0.0
+    if has_bias:
+      bias = _pallas.load(bias_ref.at[pl.ds(out0, block_out)], mask=rows < out_features,
+                          other=0).astype(_F32)[None, :]
+    outputs = []
+    for member in range(pair):
+      sign = 1.0 - 2.0 * member
+      outputs.append(accs[2 * member] + bias
+                     + sign * scaled_sigma * (accs[2 * member + 1] + bias_noise))
+  for member, value in enumerate(outputs):
+    _pallas.store(out_ref.at[first + member, pl.ds(batch0, block_batch), pl.ds(out0, block_out)],
+                  value.astype(out_ref.dtype), mask=out_ok)
+
+
+def perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, antithetic, out_dtype,
+                     config=None, interpret=False):
+  """Kernel path of :func:`jaxnoise.virtual_perturbed_linear` (inputs validated)."""
+  pop = seeds.shape[0]
+  out_features, in_features = weight.shape
+  shared_x = x.ndim == 2
+  batch = x.shape[-2]
+  if config is None:
+    config = config_lib.perturbed_linear_heuristics(batch, out_features, in_features, kind)
+  config = config.validate()
+  layout = NoiseLayout.of_block(kind, offset, out_features, in_features)
+  has_bias = bias is not None
+  bias_arg = bias if has_bias else jnp.zeros((1,), _F32)
+  if shared_x:
+    precision = None if config.tf32 else jax.lax.Precision.HIGHEST
+    base = jnp.dot(x, weight.T, preferred_element_type=_F32, precision=precision)
+    if has_bias:
+      base = base + bias.astype(_F32)
+  else:
+    base = jnp.zeros((1, 1), _F32)
+  kernel = functools.partial(
+      _forward_kernel, layout=layout, bias_offset=offset + out_features * in_features,
+      has_bias=has_bias, shared_x=shared_x, antithetic=antithetic, batch=batch,
+      out_features=out_features, in_features=in_features, config=config)
+  grid = (pop // 2 if antithetic else pop, pl.cdiv(batch, config.block_batch),
+          pl.cdiv(out_features, config.block_out))
+  stages = config.stages(x.dtype.itemsize, weight.dtype.itemsize, with_weight=not shared_x)
+  call = _pallas.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((pop, batch, out_features), out_dtype),
+      grid=grid,
+      interpret=interpret,
+      compiler_params=_pallas.compiler_params(config.num_warps, stages),
+      name="virtual_perturbed_linear",
+  )
+  return call(x, weight, bias_arg, base, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
+
+
+# ----------------------------------------------------------------------------
+# Perturbed linear: gradient with respect to x.
+
+
+def _input_grad_kernel(grad_ref, weight_ref, seeds_ref, sigma_ref, out_ref, *,
+                       layout: NoiseLayout, shared_x: bool, antithetic: bool, batch: int,
+                       out_features: int, in_features: int, n_individuals: int,
+                       per_split: int, config: config_lib.PerturbedLinearConfig):
+  block_batch, block_out, block_in = config.block_batch, config.block_out, config.block_in
+  batch0 = pl.program_id(1) * block_batch
+  col0 = pl.program_id(2) * block_in
+  batch_rows = batch0 + jax.lax.iota(jnp.int32, block_batch)
+  cols = col0 + jax.lax.iota(jnp.int32, block_in)
+  batch_ok = batch_rows[:, None] < batch
+  cols_ok = cols[None, :] < in_features
+  dot_dtype = grad_ref.dtype
+  n_out_steps = pl.cdiv(out_features, block_out)
+  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind)
+
+  def noise_for(seed, out0):
+    rows = out0 + jax.lax.iota(jnp.int32, block_out)
+    start = _row_start(layout, rows.astype(_U32)[:, None])
+    keys = _stream_keys(layout, seed, start)
+    return rows, noise_tile(layout, keys, start, col0, block_out, block_in).astype(dot_dtype)
+
+  def load_grad(individual, out0, rows):
+    ref = grad_ref.at[individual, pl.ds(batch0, block_batch), pl.ds(out0, block_out)]
+    return _pallas.load(ref, mask=batch_ok & (rows[None, :] < out_features), other=0)
+
+  if shared_x:
+    # Sum over this program's share of the population (pairs already folded).
+    first = pl.program_id(0) * per_split
+    count = jnp.minimum(per_split, n_individuals - first)
+
+    def over_individuals(position, acc):
+      individual = first + position
+      seed = seeds_ref[individual]
+
+      def over_out(step, acc_inner):
+        out0 = step * block_out
+        rows, q = noise_for(seed, out0)
+        return acc_inner + _dot(load_grad(individual, out0, rows), q, 0, config.tf32)
+
+      return jax.lax.fori_loop(0, n_out_steps, over_out, acc)
+
+    acc = jax.lax.fori_loop(0, count, over_individuals,
+                            jnp.zeros((block_batch, block_in), _F32))
+    _pallas.store(out_ref.at[pl.program_id(0), pl.ds(batch0, block_batch), pl.ds(col0, block_in)],
+                  scaled_sigma * acc, mask=batch_ok & cols_ok)
+    return
+
+  pair = 2 if antithetic else 1
+  first = pl.program_id(0) * pair
+  seed = seeds_ref[first]
+
+  def body(step, accs):
+    out0 = step * block_out
+    rows, q = noise_for(seed, out0)
+    w_tile = _pallas.load(weight_ref.at[pl.ds(out0, block_out), pl.ds(col0, block_in)],
+                          mask=(rows[:, None] < out_features) & cols_ok, other=0)
+    new = []
+    for member in range(pair):
+      g_tile = load_grad(first + member, out0, rows)
+      new.append(accs[2 * member] + _dot(g_tile, w_tile.astype(g_tile.dtype), 0, config.tf32))
+      new.append(accs[2 * member + 1] + _dot(g_tile, q, 0, config.tf32))
+    return tuple(new)
+
+  zeros = tuple(jnp.zeros((block_batch, block_in), _F32) for _ in range(2 * pair))
+  accs = jax.lax.fori_loop(0, n_out_steps, body, zeros)
+  for member in range(pair):
+    sign = 1.0 - 2.0 * member
+    value = accs[2 * member] + sign * scaled_sigma * accs[2 * member + 1]
+    _pallas.store(out_ref.at[first + member, pl.ds(batch0, block_batch), pl.ds(col0, block_in)],
+                  value, mask=batch_ok & cols_ok)
+
+
+def perturbed_linear_input_grad(grad_out, weight, seeds, sigma, offset, *, kind, antithetic,
+                                shared_x, config=None, interpret=False):
+  """``dX[i] = G[i] @ (W + sigma s_i N_i)`` (summed over ``i`` for shared x), float32."""
+  pop, batch, out_features = grad_out.shape
+  in_features = weight.shape[1]
+  if config is None:
+    config = config_lib.input_grad_heuristics(batch, out_features, in_features, kind)
+  config = config.validate()
+  layout = NoiseLayout.of_block(kind, offset, out_features, in_features)
+  grad_out = grad_out.astype(_F32)
+  n_batch_tiles = pl.cdiv(batch, config.block_batch)
+  n_in_tiles = pl.cdiv(in_features, config.block_in)
+  stages = config.stages(4, weight.dtype.itemsize, with_weight=not shared_x)
+  params = _pallas.compiler_params(config.num_warps, stages)
+  common = dict(layout=layout, shared_x=shared_x, antithetic=antithetic, batch=batch,
+                out_features=out_features, in_features=in_features, config=config)
+  if shared_x:
+    # dX = (sum_i G_i) W + sigma sum_i s_i G_i N_i: the first term is one small GEMM.
+    precision = None if config.tf32 else jax.lax.Precision.HIGHEST
+    weight_part = jnp.dot(grad_out.sum(0), weight.astype(_F32), precision=precision)
+    if antithetic:
+      grad_out, seeds = grad_out[0::2] - grad_out[1::2], seeds[0::2]
+    n_individuals = grad_out.shape[0]
+    tiles = n_batch_tiles * n_in_tiles
+    splits = max(1, min(n_individuals, config_lib._TARGET_PROGRAMS // max(1, tiles)))
+    per_split = -(-n_individuals // splits)
+    splits = -(-n_individuals // per_split)
+    kernel = functools.partial(_input_grad_kernel, n_individuals=n_individuals,
+                               per_split=per_split, **common)
+    partial = _pallas.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((splits, batch, in_features), _F32),
+        grid=(splits, n_batch_tiles, n_in_tiles),
+        interpret=interpret, compiler_params=params,
+        name="virtual_perturbed_linear_input_grad",
+    )(grad_out, weight, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
+    return weight_part + partial.sum(0)
+  kernel = functools.partial(_input_grad_kernel, n_individuals=pop, per_split=1, **common)
+  return _pallas.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((pop, batch, in_features), _F32),
+      grid=(pop // 2 if antithetic else pop, n_batch_tiles, n_in_tiles),
+      interpret=interpret, compiler_params=params,
+      name="virtual_perturbed_linear_input_grad",
+  )(grad_out, weight, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
+
+
+# ----------------------------------------------------------------------------
+# Gradient estimate over a flat parameter block (weights and biases).
+
+
+def _flat_geometry(offset: int, n_elements: int):
+  """Word-aligned flat tiling: ``(aligned offset, leading pad, rows of 32)``."""
+  lead = offset % 32
+  rows = -(-(n_elements + lead) // 32)
+  return offset - lead, lead, rows
+
+
+def _noise_gradient_kernel(fitness_ref, seeds_ref, out_ref, *, layout: NoiseLayout,
+                           n_individuals: int, per_split: int, n_rows: int, block_rows: int):
+  row0 = pl.program_id(0) * block_rows
+  rows = row0 + jax.lax.iota(jnp.int32, block_rows)
+  start = _row_start(layout, rows.astype(_U32)[:, None])
+  first = pl.program_id(1) * per_split
+  count = jnp.minimum(per_split, n_individuals - first)
+
+  def body(position, acc):
+    individual = first + position
+    keys = _stream_keys(layout, seeds_ref[individual], start)
+    return acc + fitness_ref[individual] * noise_tile(layout, keys, start, 0, block_rows, 32)
+
+  acc = jax.lax.fori_loop(0, count, body, jnp.zeros((block_rows, 32), _F32))
+  _pallas.store(out_ref.at[pl.program_id(1), pl.ds(row0, block_rows), :], acc,
+                mask=(rows < n_rows)[:, None])
+
+
+def noise_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic,
+                   config=None, interpret=False):
+  """Kernel path of the weight / bias gradient estimates (inputs validated)."""
+  fitness = fitness.astype(_F32)
+  if antithetic:
+    fitness, seeds = fitness[0::2] - fitness[1::2], seeds[0::2]
+  n_individuals = seeds.shape[0]
+  n_elements = 1
+  for dim in shape:
+    n_elements *= dim
+  base, lead, n_rows = _flat_geometry(offset, n_elements)
+  if config is None:
+    config = config_lib.noise_gradient_heuristics(n_elements, n_individuals)
+  config = config.validate()
+  block_rows = min(config.block_rows, config_lib.next_pow2(n_rows))
+  splits = max(1, min(config.pop_splits or 1, n_individuals))
+  per_split = -(-n_individuals // splits)
+  splits = -(-n_individuals // per_split)
+  layout = NoiseLayout.of_block(kind, base, n_rows, 32)
+  kernel = functools.partial(_noise_gradient_kernel, layout=layout, n_individuals=n_individuals,
+                             per_split=per_split, n_rows=n_rows, block_rows=block_rows)
+  partial = _pallas.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((splits, n_rows, 32), _F32),
+      grid=(pl.cdiv(n_rows, block_rows), splits),
+      interpret=interpret,
+      compiler_params=_pallas.compiler_params(config.num_warps, 1),
+      name="virtual_noise_gradient",
+  )(fitness, seeds)
+  total = partial.sum(0).reshape(-1)[lead:lead + n_elements]
+  scale = _F32(kind.scale) / (_F32(pop_size) * jnp.asarray(sigma, _F32))
+  return (total * scale).reshape(shape)
+
+
+# ----------------------------------------------------------------------------
+# Reduce-metric.
+
+
+def _reduce_metric_kernel(center_ref, seeds_ref, sigma_ref, *out_refs, layout: NoiseLayout,
+                          antithetic: bool, n_individuals: int, lead: int, n_params: int,
+                          n_rows: int, tiles_per_split: int,
+                          config: config_lib.ReduceMetricConfig):
+  block_rows, group = config.block_rows, config.individuals_per_program
+  first = pl.program_id(0) * group
+  first_tile = pl.program_id(1) * tiles_per_split
+  n_tiles = pl.cdiv(n_rows, block_rows)
+  count = jnp.minimum(tiles_per_split, n_tiles - first_tile)
+  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind)
+  seeds = [seeds_ref[jnp.minimum(first + member, n_individuals - 1)] for member in range(group)]
+  signs = (1.0, -1.0) if antithetic else (1.0,)
+
+  def body(position, accs):
+    row0 = (first_tile + position) * block_rows
+    rows = row0 + jax.lax.iota(jnp.int32, block_rows)
+    start = _row_start(layout, rows.astype(_U32)[:, None])
+    element = rows[:, None] * 32 + jax.lax.broadcasted_iota(jnp.int32, (1, 32), 1)
+    valid = (element >= lead) & (element < lead + n_params)
+    center = _pallas.load(center_ref.at[pl.ds(row0, block_rows), :], mask=valid, other=0)
+    new = []
+    for member in range(group):
+      keys = _stream_keys(layout, seeds[member], start)
+      step = scaled_sigma * noise_tile(layout, keys, start, 0, block_rows, 32)
+      for sign_index, sign in enumerate(signs):
+        value = jnp.where(valid, jnp.abs(center + sign * step), 0.0)
+        new.append(accs[member * len(signs) + sign_index] + value)
+    return tuple(new)
+
+  zeros = tuple(jnp.zeros((block_rows, 32), _F32) for _ in range(group * len(signs)))
+  accs = jax.lax.fori_loop(0, count, body, zeros)
+  members = jax.lax.iota(jnp.int32, group)
+  for sign_index, out_ref in enumerate(out_refs):
+    totals = jnp.zeros((group,), _F32)
+    for member in range(group):
+      totals = jnp.where(members == member, jnp.sum(accs[member * len(signs) + sign_index]),
+                         totals)
+    _pallas.store(out_ref.at[pl.program_id(1), pl.ds(first, group)], totals,
+                  mask=first + members < n_individuals)
+
+
+def reduce_metric(center, seeds, sigma, offset, *, kind, antithetic, config=None,
+                  interpret=False):
+  """Kernel path of :func:`jaxnoise.virtual_reduce_metric` (inputs validated)."""
+  pop = seeds.shape[0]
+  n_params = center.shape[0]
+  if antithetic:
+    seeds = seeds[0::2]
+  n_individuals = seeds.shape[0]
+  base, lead, n_rows = _flat_geometry(offset, n_params)
+  if config is None:
+    config = config_lib.reduce_metric_heuristics(n_params, n_individuals)
+  config = config.validate()
+  block_rows = min(config.block_rows, config_lib.next_pow2(n_rows))
+  config = dataclasses.replace(config, block_rows=block_rows)
+  n_tiles = pl.cdiv(n_rows, block_rows)
+  splits = max(1, min(config.param_splits or 1, n_tiles))
+  tiles_per_split = -(-n_tiles // splits)
+  splits = -(-n_tiles // tiles_per_split)
+  group = config.individuals_per_program
+  n_groups = pl.cdiv(n_individuals, group)
+  # Left-pad to the word-aligned start and right-pad to whole rows of 32.
+  padded = jnp.pad(center.astype(_F32), (lead, n_rows * 32 - lead - n_params)).reshape(n_rows, 32)
+  layout = NoiseLayout.of_block(kind, base, n_rows, 32)
+  kernel = functools.partial(
+      _reduce_metric_kernel, layout=layout, antithetic=antithetic, n_individuals=n_individuals,
+      lead=lead, n_params=n_params, n_rows=n_rows, tiles_per_split=tiles_per_split,
+      config=config)
+  n_outputs = 2 if antithetic else 1
+  out_shape = [jax.ShapeDtypeStruct((splits, n_groups * group), _F32)] * n_outputs
+  sums = _pallas.pallas_call(
+      kernel,
+      out_shape=out_shape,
+      grid=(n_groups, splits),
+      interpret=interpret,
+      compiler_params=_pallas.compiler_params(config.num_warps, 1),
+      name="virtual_reduce_metric",
+  )(padded, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
+  per_sign = [s.sum(0)[:n_individuals] / _F32(n_params) for s in sums]
+  if antithetic:
+    return jnp.stack(per_sign, axis=1).reshape(pop)
+  return per_sign[0]
+
+
