@@ -61,8 +61,13 @@ def check_float_array(value: Any, name: str, ndims: tuple[int, ...],
   return value
 
 
-def is_concrete(value: Any) -> bool:
-  return not isinstance(value, jax.core.Tracer)
+def concrete_float(value: Any) -> float | None:
+  """``float(value)``, or None when ``value`` is traced (not known until run time)."""
+  try:
+    return float(value)
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+          jax.errors.TracerBoolConversionError):
+    return None
 
 
 def check_sigma(sigma: Any, name: str = "sigma") -> jax.Array:
@@ -74,8 +79,8 @@ def check_sigma(sigma: Any, name: str = "sigma") -> jax.Array:
     raise TypeError(f"{name} must be a float scalar, got bool")
   if np.ndim(sigma) != 0:
     raise ValueError(f"{name} must be a scalar, got {describe(sigma)}")
-  if is_concrete(sigma):
-    as_float = float(sigma)
+  as_float = concrete_float(sigma)
+  if as_float is not None:
     if not math.isfinite(as_float) or as_float <= 0:
       raise ValueError(f"{name} must be positive and finite, got {as_float}")
   return jnp.asarray(sigma, jnp.float32)

@@ -51,6 +51,8 @@ class NoiseLayout:
     offset: index of element ``(0, 0)``.
     n_cols: row length in index space.
     element_fits: every element index is below 2**32.
+    block_fits: the block itself has at most 2**32 elements (so ``row * n_cols``
+      needs no 64-bit product).
     high_word: some word index is 2**32 or more.
     aligned: every row starts on a word boundary (always true for kinds with
       one value per word).
@@ -60,6 +62,7 @@ class NoiseLayout:
   offset: int
   n_cols: int
   element_fits: bool
+  block_fits: bool
   high_word: bool
   aligned: bool
 
@@ -72,6 +75,7 @@ class NoiseLayout:
         offset=offset,
         n_cols=n_cols,
         element_fits=end <= 1 << 32,
+        block_fits=n_rows * n_cols <= 1 << 32,
         high_word=not noise_lib.fits_32_bits(kind, offset, n_rows * n_cols),
         aligned=per_word == 1 or (offset % per_word == 0 and n_cols % per_word == 0),
     )
@@ -90,7 +94,12 @@ def _row_start(layout: NoiseLayout, rows: jax.Array) -> _RowStart:
     hi = jnp.zeros_like(rows)
     lo = rows * _U32(layout.n_cols) + _U32(layout.offset)
   else:
-    hi, lo = noise_lib.row_base(layout.offset, rows, layout.n_cols)
+    if layout.block_fits:
+      product_hi, product_lo = jnp.zeros_like(rows), rows * _U32(layout.n_cols)
+    else:
+      product_hi, product_lo = noise_lib.mul_wide(rows, layout.n_cols)
+    offset_hi, offset_lo = noise_lib.split_u64(layout.offset)
+    hi, lo = noise_lib.add_wide(product_hi, product_lo, _U32(offset_hi), _U32(offset_lo))
   word_hi, word_lo, lane = noise_lib.word_address(layout.kind, hi, lo)
   return _RowStart(word_hi if layout.high_word else None, word_lo, lane)
 
@@ -154,7 +163,9 @@ def noise_tile(layout: NoiseLayout, keys, start: _RowStart, col0: jax.Array, n_r
 def _vector_noise(kind, seed, offset: int, index: jax.Array, length: int) -> jax.Array:
   """Noise ``q`` at ``offset + index`` (int32 vector), the generic per-element formula."""
   layout = NoiseLayout.of_block(kind, offset, 1, length)
-  hi, lo = noise_lib.row_base(offset, index.astype(_U32), 1)
+  offset_hi, offset_lo = noise_lib.split_u64(offset)
+  hi, lo = noise_lib.add_wide(jnp.zeros_like(index, _U32), index.astype(_U32), _U32(offset_hi),
+                              _U32(offset_lo))
   return noise_lib.unscaled_noise(seed, hi, lo, kind, high_word=layout.high_word)
 
 
@@ -165,7 +176,22 @@ def _dot(a, b, contract_b: int, tf32: bool):
                              preferred_element_type=_F32, precision=precision)
 
 
-def _sigma_ref_value(sigma_ref, kind) -> jax.Array:
+def _prescaled(dot_dtype) -> bool:
+  """float16 cannot hold the integer-valued q (up to 2**24 and beyond): scale first."""
+  return jnp.dtype(dot_dtype) == jnp.dtype(jnp.float16)
+
+
+def _matmul_noise(q, kind, dot_dtype):
+  """Noise as fed to the matrix units: ``q`` (exact integers) or ``q * scale`` for float16."""
+  if _prescaled(dot_dtype):
+    q = q * _F32(kind.scale)
+  return q.astype(dot_dtype)
+
+
+def _sigma_ref_value(sigma_ref, kind, dot_dtype=_F32) -> jax.Array:
+  """The factor applied to accumulated noise products: sigma times the kind's scale."""
+  if _prescaled(dot_dtype):
+    return sigma_ref[0]
   return sigma_ref[0] * _F32(kind.scale)
 
 
@@ -200,7 +226,8 @@ def _forward_kernel(x_ref, weight_ref, bias_ref, base_ref, seeds_ref, sigma_ref,
   def body(step, accs):
     col0 = step * block_in
     cols_ok = (col0 + jax.lax.iota(jnp.int32, block_in))[None, :] < in_features
-    q = noise_tile(layout, keys, start, col0, block_out, block_in).astype(dot_dtype)
+    q = _matmul_noise(noise_tile(layout, keys, start, col0, block_out, block_in), layout.kind,
+                      dot_dtype)
     if shared_x:
       (noise_acc,) = accs
       return (noise_acc + _dot(load_x(0, col0, cols_ok), q, 1, config.tf32),)
@@ -219,12 +246,14 @@ def _forward_kernel(x_ref, weight_ref, bias_ref, base_ref, seeds_ref, sigma_ref,
   zeros = tuple(jnp.zeros((block_batch, block_out), _F32) for _ in range(n_accs))
   accs = jax.lax.fori_loop(0, pl.cdiv(in_features, block_in), body, zeros)
 
-  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind)
+  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind, dot_dtype)
   cols = rows  # output columns are the weight's rows
   out_ok = batch_ok & (cols[None, :] < out_features)
   bias_noise = 0.0
   if has_bias:
     bias_noise = _vector_noise(layout.kind, seed, bias_offset, rows, out_features)[None, :]
+    if _prescaled(dot_dtype):
+      bias_noise = bias_noise * _F32(layout.kind.scale)
   if shared_x:
     base = _pallas.load(base_ref.at[pl.ds(batch0, block_batch), pl.ds(out0, block_out)],
                         mask=out_ok, other=0)
@@ -300,13 +329,14 @@ def _input_grad_kernel(grad_ref, weight_ref, seeds_ref, sigma_ref, out_ref, *,
   cols_ok = cols[None, :] < in_features
   dot_dtype = grad_ref.dtype
   n_out_steps = pl.cdiv(out_features, block_out)
-  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind)
+  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind, dot_dtype)
 
   def noise_for(seed, out0):
     rows = out0 + jax.lax.iota(jnp.int32, block_out)
     start = _row_start(layout, rows.astype(_U32)[:, None])
     keys = _stream_keys(layout, seed, start)
-    return rows, noise_tile(layout, keys, start, col0, block_out, block_in).astype(dot_dtype)
+    q = noise_tile(layout, keys, start, col0, block_out, block_in)
+    return rows, _matmul_noise(q, layout.kind, dot_dtype)
 
   def load_grad(individual, out0, rows):
     ref = grad_ref.at[individual, pl.ds(batch0, block_batch), pl.ds(out0, block_out)]
