@@ -91,7 +91,12 @@ class ElementwiseConfig:
   @classmethod
   def get_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.float32
                             ) -> "ElementwiseConfig":
-    """A default for an ``(out, in)`` matrix (``dtype`` of the dense side)."""
+    """A default for an ``(out, in)`` matrix (``dtype`` of the dense side).
+
+    Example:
+      >>> ElementwiseConfig.get_heuristics_config((37, 44))
+      ElementwiseConfig(block_rows=64, block_groups=16, num_warps=4, num_stages=1)
+    """
     del dtype  # Memory-bound on every dtype; the tile depends on the shape only.
     out_features, in_features = (int(d) for d in shape)
     groups = max(1, in_features // 4)
@@ -131,6 +136,10 @@ class CounterUpdateConfig:
     The update is memory-bound (it moves ``itemsize + 1.5`` bytes per weight),
     so the aim is whole rows in registers (one pass over the gradient) and
     about 1-4 K groups per program, ~8 groups (32 gradient values) per thread.
+
+    Example:
+      >>> CounterUpdateConfig.get_heuristics_config((4096, 4096))
+      CounterUpdateConfig(block_rows=1, block_groups=1024, num_warps=4, num_stages=1)
     """
     del dtype  # The per-thread footprint is in groups; itemsize only scales bytes.
     out_features, in_features = (int(d) for d in shape)
@@ -190,6 +199,11 @@ class FromIOConfig:
     Rows up to ``in = 512`` fit one tile (a single fused kernel); longer rows
     use ``32 x 128`` tiles in two kernels (statistics, then a recomputing
     update), each with ``out / 32 * in / 128`` programs.
+
+    Example:
+      >>> config = FromIOConfig.get_heuristics_config((4096, 4096, 4096), "bfloat16")
+      >>> config.fused(4096), config.block_rows, 4 * config.block_groups
+      (False, 32, 128)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     groups = max(1, in_features // 4)
@@ -247,7 +261,11 @@ class MatmulConfig:
 
     Decode-sized ``M`` (<= 16) is memory-bound on the 0.75-byte codes: narrow
     output tiles for many programs and long reduction steps. Larger ``M`` uses
-    GEMM tiles (64-128 square, 64 inputs per step).
+    GEMM tiles (64-128 square, 64-128 inputs per step).
+
+    Example:
+      >>> MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16").block_n
+      32
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     del in_features
@@ -258,5 +276,5 @@ class MatmulConfig:
       return cls(block_m=max(16, next_power_of_2(m_rows)), block_n=64, block_groups=32,
                  num_warps=4, num_stages=3)
     block = 128 if (m_rows >= 1024 and out_features >= 1024 and itemsize <= 2) else 64
-    return cls(block_m=block, block_n=block, block_groups=16,
+    return cls(block_m=block, block_n=block, block_groups=32 if block == 128 else 16,
                num_warps=8 if block == 128 else 4, num_stages=3)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import warnings
 
 import jax
@@ -636,7 +635,8 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, m_rows, n_out, n_g
     lanes = _load_lanes(x_ref, m0, block_m, g0, block_groups, 4,
                         m_mask[:, None] & group_mask[None, :], 0)
     for code, x in zip(codes, lanes):
-      t = ref_lib.ternary_of(code, C).astype(compute_dtype)
+      # int -> float32 -> compute dtype: exact, and avoids int -> bf16 conversions.
+      t = ref_lib.ternary_of(code, C).astype(_F32).astype(compute_dtype)
       acc = acc + jax.lax.dot_general(x.astype(compute_dtype), t, _DIMS_NT,
                                       precision=precision, preferred_element_type=_F32)
     return acc
@@ -666,8 +666,9 @@ def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, 
     codes = _load_codes(packed_ref, n0, block_n, g0, block_groups,
                         n_mask[:, None] & group_mask[None, :])
     return tuple(
-        acc + jax.lax.dot_general(scaled, ref_lib.ternary_of(code, C).astype(compute_dtype),
-                                  _DIMS_NN, precision=precision, preferred_element_type=_F32)
+        acc + jax.lax.dot_general(
+            scaled, ref_lib.ternary_of(code, C).astype(_F32).astype(compute_dtype), _DIMS_NN,
+            precision=precision, preferred_element_type=_F32)
         for acc, code in zip(accumulators, codes))
 
   zeros = jnp.zeros((block_m, block_groups), _F32)
@@ -736,4 +737,3 @@ __all__ = [
     "ternary_matmul_input_grad",
     "unpack_codes",
 ]
-del math

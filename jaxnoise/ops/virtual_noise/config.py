@@ -72,13 +72,15 @@ class PerturbedLinearConfig:
     _check_warps_stages(self)
     return self
 
-  def stages(self, x_itemsize: int, w_itemsize: int, with_weight: bool) -> int:
-    """Pipelining depth: this config's, or the deepest that fits shared memory."""
+  def stages(self, x_itemsize: int) -> int:
+    """Pipelining depth: this config's, or the deepest that fits shared memory.
+
+    A stage holds one ``(block_batch, block_in)`` input tile; the noise tile,
+    made in registers, is staged once for the matrix units.
+    """
     if self.num_stages is not None:
       return self.num_stages
     per_stage = self.block_batch * self.block_in * x_itemsize
-    if with_weight:
-      per_stage += self.block_out * self.block_in * w_itemsize
     noise_tile = self.block_out * self.block_in * x_itemsize
     return _pallas.choose_num_stages(per_stage, fixed_bytes=noise_tile)
 
@@ -88,11 +90,13 @@ def perturbed_linear_heuristics(batch: int, out_features: int, in_features: int,
   """A good untuned config: the whole batch in one tile where it fits.
 
   Noise is regenerated once per batch tile, so covering the batch with one
-  tile (up to 128 rows) keeps the hashing at one pass over ``out * in`` per
-  individual; the output tile stays at most 128 x 64 float32 accumulators.
+  tile (up to 256 rows) keeps the hashing at one pass over ``out * in`` per
+  individual (measured on an H200 at 1024 x 256 x 1024 x 1024: a 128-row tile
+  hashes twice and ran 2.7 ms against 3.7 ms with 64 rows). 64 x 64 noise
+  tiles with 4 warps were fastest at batch 64 (benchmarks/RESULTS.md).
   """
   del kind
-  block_batch = min(128, max(16, next_pow2(batch)))
+  block_batch = min(256, max(16, next_pow2(batch)))
   block_out = min(64, max(16, next_pow2(out_features)))
   block_in = min(64, max(32, next_pow2(in_features)))
   num_warps = 8 if block_batch * block_out >= 128 * 64 else 4
@@ -125,30 +129,33 @@ class NoiseGradientConfig:
     pop_splits: population shares per tile; None picks enough programs to
       fill the GPU.
     num_warps: warps per program.
+    num_stages: software-pipelining depth of the loop over individuals (its
+      loads are the per-individual fitness and stream keys).
   """
 
   block_rows: int = 64
   pop_splits: int | None = None
   num_warps: int = 4
+  num_stages: int = 2
 
   def validate(self) -> "NoiseGradientConfig":
     _check_pow2(self, "block_rows")
     if self.pop_splits is not None and self.pop_splits < 1:
       raise ValueError(f"pop_splits must be >= 1 or None, got {self.pop_splits}")
-    if self.num_warps not in (1, 2, 4, 8, 16):
-      raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
+    _check_warps_stages(self)
     return self
 
 
 # Programs per streaming multiprocessor the heuristics aim for; 132 SMs on
 # an H100/H200. Only a target for how much parallelism to create.
-_TARGET_PROGRAMS = 132 * 8
+TARGET_PROGRAMS = 132 * 8
 
 
 def noise_gradient_heuristics(n_elements: int, n_individuals: int) -> NoiseGradientConfig:
+  """64-row tiles, and enough population shares to give the GPU ~8 programs per SM."""
   block_rows = 64 if n_elements >= 64 * 32 * 256 else 32
   tiles = -(-n_elements // (block_rows * 32))
-  splits = max(1, min(n_individuals // 16, _TARGET_PROGRAMS // max(1, tiles)))
+  splits = max(1, min(n_individuals // 16, TARGET_PROGRAMS // max(1, tiles)))
   return NoiseGradientConfig(block_rows=block_rows, pop_splits=max(1, splits), num_warps=4)
 
 
@@ -163,30 +170,30 @@ class ReduceMetricConfig:
 
   Attributes:
     block_rows: tile rows of 32 parameters (power of two).
-    individuals_per_program: individuals (or pairs) per program.
+    individuals_per_program: individuals (or pairs) per program (power of two).
     param_splits: parameter shares per group; None picks a heuristic.
     num_warps: warps per program.
+    num_stages: software-pipelining depth of the loop over parameter tiles.
   """
 
-  block_rows: int = 32
+  block_rows: int = 64
   individuals_per_program: int = 4
   param_splits: int | None = None
-  num_warps: int = 4
+  num_warps: int = 8
+  num_stages: int = 2
 
   def validate(self) -> "ReduceMetricConfig":
-    _check_pow2(self, "block_rows")
-    if self.individuals_per_program < 1:
-      raise ValueError(
-          f"individuals_per_program must be >= 1, got {self.individuals_per_program}")
+    _check_pow2(self, "block_rows", "individuals_per_program")
     if self.param_splits is not None and self.param_splits < 1:
       raise ValueError(f"param_splits must be >= 1 or None, got {self.param_splits}")
-    if self.num_warps not in (1, 2, 4, 8, 16):
-      raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
+    _check_warps_stages(self)
     return self
 
 
-def reduce_metric_heuristics(n_params: int, n_programs_pop: int) -> ReduceMetricConfig:
-  groups = -(-n_programs_pop // 4)
-  tiles = -(-n_params // (32 * 32))
-  splits = max(1, min(tiles, _TARGET_PROGRAMS // max(1, groups)))
-  return ReduceMetricConfig(block_rows=32, individuals_per_program=4, param_splits=splits)
+def reduce_metric_heuristics(n_params: int, n_individuals: int) -> ReduceMetricConfig:
+  """64-row tiles, 8 warps, 4 individuals per program: fastest of the sweep on an H200."""
+  groups = -(-n_individuals // 4)
+  tiles = -(-n_params // (64 * 32))
+  splits = max(1, min(tiles, TARGET_PROGRAMS // max(1, groups)))
+  return ReduceMetricConfig(block_rows=64, individuals_per_program=4, param_splits=splits,
+                            num_warps=8)

@@ -113,20 +113,46 @@ def _stream_keys(layout: NoiseLayout, seed: jax.Array, start: _RowStart):
 
 
 def _words(layout: NoiseLayout, keys, start: _RowStart, delta: jax.Array) -> jax.Array:
-  """Hash words at word index ``row start + delta``."""
-  lo = start.word_lo + delta
+  """Hash words at word index ``row start + delta`` (rows ``(R, 1)``, ``delta`` ``(1, C)``).
+
+  Without a high word the stream is the same for the whole tile, and
+  ``(lo_row + delta) * m + c == delta * m + (lo_row * m + c)`` (mod 2**32):
+  the two products are taken on the tile's edges, leaving one add per element
+  before the finaliser (same bits as :func:`jaxnoise.noise.hash_word`).
+  """
   if not layout.high_word:
     multiplier, increment = keys
-    return noise_lib.hash_word(multiplier, increment, lo)
+    row_part = start.word_lo * multiplier + increment
+    return noise_lib.mix32(delta * multiplier + row_part)
+  lo = start.word_lo + delta
   (mul_0, inc_0), (mul_1, inc_1) = keys
   carried = lo < start.word_lo
   return noise_lib.hash_word(jnp.where(carried, mul_1, mul_0), jnp.where(carried, inc_1, inc_0),
                              lo)
 
 
-def noise_tile(layout: NoiseLayout, keys, start: _RowStart, col0: jax.Array, n_rows: int,
-               n_cols: int) -> jax.Array:
-  """Integer-valued noise ``q`` of columns ``[col0, col0 + n_cols)`` of a row tile.
+# Bit patterns of +1.0 in each matrix-unit dtype, and the sign bit's position.
+_ONE_BITS = {
+    jnp.dtype(jnp.float32): (0x3F800000, 31, jnp.uint32),
+    jnp.dtype(jnp.bfloat16): (0x3F80, 15, jnp.uint16),
+    jnp.dtype(jnp.float16): (0x3C00, 15, jnp.uint16),
+}
+
+
+def _signs(bits: jax.Array, dtype) -> jax.Array:
+  """``1 - 2 * bits`` (bits uint32 in {0, 1}) in ``dtype``, built from bit patterns.
+
+  Integer operations only: no int-to-float or float-to-float conversion, whose
+  throughput is a quarter of the integer units' on the GPU.
+  """
+  one, sign_bit, int_dtype = _ONE_BITS[jnp.dtype(dtype)]
+  pattern = (bits << sign_bit) | _U32(one)
+  return jax.lax.bitcast_convert_type(pattern.astype(int_dtype), dtype)
+
+
+def noise_tile(layout: NoiseLayout, keys, start: _RowStart, col0, n_rows: int, n_cols: int,
+               dtype=_F32) -> jax.Array:
+  """Noise operand of columns ``[col0, col0 + n_cols)`` of a row tile.
 
   Args:
     layout: the block's layout.
@@ -135,15 +161,21 @@ def noise_tile(layout: NoiseLayout, keys, start: _RowStart, col0: jax.Array, n_r
     col0: first column (int32 scalar; a multiple of 32 for packed kinds).
     n_rows: rows in the tile.
     n_cols: columns in the tile (a multiple of 32 for packed kinds).
+    dtype: float32, bfloat16 or float16 (the matrix units' input dtype).
 
   Returns:
-    float32 ``(n_rows, n_cols)``.
+    ``(n_rows, n_cols)`` of ``dtype``: the integer-valued ``q`` of the kind
+    (times its scale for float16, which cannot hold ``q``; see
+    :func:`_noise_factor`).
   """
   kind = layout.kind
   col0 = col0.astype(_U32) if hasattr(col0, "astype") else _U32(col0)
   if kind.values_per_word == 1:
     delta = col0 + jax.lax.broadcasted_iota(_U32, (1, n_cols), 1)
-    return kind.unscaled(_words(layout, keys, start, delta))
+    q = kind.unscaled(_words(layout, keys, start, delta))
+    if _prescaled(dtype):
+      q = q * _F32(kind.scale)
+    return q.astype(dtype)
   per_word = kind.values_per_word
   shift = kind.log2_values_per_word
   n_words = n_cols // per_word
@@ -151,13 +183,14 @@ def noise_tile(layout: NoiseLayout, keys, start: _RowStart, col0: jax.Array, n_r
   words = _words(layout, keys, start, delta)[:, :, None]
   lanes = jax.lax.broadcasted_iota(_U32, (1, 1, per_word), 2)
   if layout.aligned:
-    values = kind.unscaled(words, lanes)
+    bits = (words >> lanes) & _U32(1)
   else:
     next_words = _words(layout, keys, start, delta + _U32(1))[:, :, None]
     position = start.lane[:, :, None] + lanes
     word = jnp.where(position < per_word, words, next_words)
-    values = kind.unscaled(word, position & _U32(per_word - 1))
-  return values.reshape(n_rows, n_cols)
+    bits = (word >> (position & _U32(per_word - 1))) & _U32(1)
+  # Same values as kind.unscaled (1 - 2 * bit), built without conversions.
+  return _signs(bits, dtype).reshape(n_rows, n_cols)
 
 
 def _vector_noise(kind, seed, offset: int, index: jax.Array, length: int) -> jax.Array:
@@ -176,32 +209,28 @@ def _dot(a, b, contract_b: int, tf32: bool):
                              preferred_element_type=_F32, precision=precision)
 
 
-def _prescaled(dot_dtype) -> bool:
+def _prescaled(dtype) -> bool:
   """float16 cannot hold the integer-valued q (up to 2**24 and beyond): scale first."""
-  return jnp.dtype(dot_dtype) == jnp.dtype(jnp.float16)
+  return jnp.dtype(dtype) == jnp.dtype(jnp.float16)
 
 
-def _matmul_noise(q, kind, dot_dtype):
-  """Noise as fed to the matrix units: ``q`` (exact integers) or ``q * scale`` for float16."""
-  if _prescaled(dot_dtype):
-    q = q * _F32(kind.scale)
-  return q.astype(dot_dtype)
-
-
-def _sigma_ref_value(sigma_ref, kind, dot_dtype=_F32) -> jax.Array:
+def _noise_factor(sigma_ref, kind, dtype=_F32) -> jax.Array:
   """The factor applied to accumulated noise products: sigma times the kind's scale."""
-  if _prescaled(dot_dtype):
+  if _prescaled(dtype):
     return sigma_ref[0]
   return sigma_ref[0] * _F32(kind.scale)
 
 
 # ----------------------------------------------------------------------------
 # Perturbed linear: forward.
+#
+# The unperturbed part ``x @ W^T + b`` is one XLA GEMM (the "GEMM floor"); the
+# kernel adds ``sigma * s_i * (x_i @ N_i^T + nb_i)``, so it never reads W.
 
 
-def _forward_kernel(x_ref, weight_ref, bias_ref, base_ref, seeds_ref, sigma_ref, out_ref, *,
-                    layout: NoiseLayout, bias_offset: int, has_bias: bool, shared_x: bool,
-                    antithetic: bool, batch: int, out_features: int, in_features: int,
+def _forward_kernel(x_ref, base_ref, seeds_ref, sigma_ref, out_ref, *, layout: NoiseLayout,
+                    bias_offset: int, has_bias: bool, shared_x: bool, antithetic: bool,
+                    batch: int, out_features: int, in_features: int,
                     config: config_lib.PerturbedLinearConfig):
   block_batch, block_out, block_in = config.block_batch, config.block_out, config.block_in
   pair = 2 if antithetic else 1
@@ -216,62 +245,39 @@ def _forward_kernel(x_ref, weight_ref, bias_ref, base_ref, seeds_ref, sigma_ref,
   start = _row_start(layout, rows.astype(_U32)[:, None])
   keys = _stream_keys(layout, seed, start)
   batch_ok = batch_rows[:, None] < batch
-  rows_ok = rows[:, None] < out_features
-
-  def load_x(member, col0, cols_ok):
-    index = (pl.ds(batch0, block_batch), pl.ds(col0, block_in))
-    ref = x_ref.at[index] if shared_x else x_ref.at[(first + member,) + index]
-    return _pallas.load(ref, mask=batch_ok & cols_ok, other=0).astype(dot_dtype)
+  # With shared x both members of a pair see the same input: one product.
+  n_inputs = 1 if shared_x else pair
 
   def body(step, accs):
     col0 = step * block_in
     cols_ok = (col0 + jax.lax.iota(jnp.int32, block_in))[None, :] < in_features
-    q = _matmul_noise(noise_tile(layout, keys, start, col0, block_out, block_in), layout.kind,
-                      dot_dtype)
-    if shared_x:
-      (noise_acc,) = accs
-      return (noise_acc + _dot(load_x(0, col0, cols_ok), q, 1, config.tf32),)
-    w_tile = _pallas.load(weight_ref.at[pl.ds(out0, block_out), pl.ds(col0, block_in)],
-                          mask=rows_ok & cols_ok, other=0)
+    noise = noise_tile(layout, keys, start, col0, block_out, block_in, dot_dtype)
     new = []
-    for member in range(pair):
-      x_tile = load_x(member, col0, cols_ok)
-      w_dtype = jnp.promote_types(x_tile.dtype, w_tile.dtype)
-      new.append(accs[2 * member] + _dot(x_tile.astype(w_dtype), w_tile.astype(w_dtype), 1,
-                                         config.tf32))
-      new.append(accs[2 * member + 1] + _dot(x_tile, q, 1, config.tf32))
+    for member in range(n_inputs):
+      index = (pl.ds(batch0, block_batch), pl.ds(col0, block_in))
+      ref = x_ref.at[index] if shared_x else x_ref.at[(first + member,) + index]
+      x_tile = _pallas.load(ref, mask=batch_ok & cols_ok, other=0)
+      new.append(accs[member] + _dot(x_tile, noise, 1, config.tf32))
     return tuple(new)
 
-  n_accs = 1 if shared_x else 2 * pair
-  zeros = tuple(jnp.zeros((block_batch, block_out), _F32) for _ in range(n_accs))
+  zeros = tuple(jnp.zeros((block_batch, block_out), _F32) for _ in range(n_inputs))
   accs = jax.lax.fori_loop(0, pl.cdiv(in_features, block_in), body, zeros)
 
-  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind, dot_dtype)
-  cols = rows  # output columns are the weight's rows
-  out_ok = batch_ok & (cols[None, :] < out_features)
+  factor = _noise_factor(sigma_ref, layout.kind, dot_dtype)
+  out_ok = batch_ok & (rows[None, :] < out_features)
   bias_noise = 0.0
   if has_bias:
     bias_noise = _vector_noise(layout.kind, seed, bias_offset, rows, out_features)[None, :]
     if _prescaled(dot_dtype):
       bias_noise = bias_noise * _F32(layout.kind.scale)
-  if shared_x:
-    base = _pallas.load(base_ref.at[pl.ds(batch0, block_batch), pl.ds(out0, block_out)],
-                        mask=out_ok, other=0)
-    perturbation = scaled_sigma * (accs[0] + bias_noise)
-    outputs = [base + perturbation, base - perturbation][:pair]
-  else:
-    bias = 0.0
-    if has_bias:
-      bias = _pallas.load(bias_ref.at[pl.ds(out0, block_out)], mask=rows < out_features,
-                          other=0).astype(_F32)[None, :]
-    outputs = []
-    for member in range(pair):
-      sign = 1.0 - 2.0 * member
-      outputs.append(accs[2 * member] + bias
-                     + sign * scaled_sigma * (accs[2 * member + 1] + bias_noise))
-  for member, value in enumerate(outputs):
-    _pallas.store(out_ref.at[first + member, pl.ds(batch0, block_batch), pl.ds(out0, block_out)],
-                  value.astype(out_ref.dtype), mask=out_ok)
+  for member in range(pair):
+    sign = 1.0 - 2.0 * member
+    index = (pl.ds(batch0, block_batch), pl.ds(out0, block_out))
+    base_index = index if shared_x else (first + member,) + index
+    base = _pallas.load(base_ref.at[base_index], mask=out_ok, other=0)
+    value = base + (sign * factor) * (accs[member % n_inputs] + bias_noise)
+    _pallas.store(out_ref.at[(first + member,) + index], value.astype(out_ref.dtype),
+                  mask=out_ok)
 
 
 def perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, antithetic, out_dtype,
@@ -285,83 +291,80 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, antithetic,
     config = config_lib.perturbed_linear_heuristics(batch, out_features, in_features, kind)
   config = config.validate()
   layout = NoiseLayout.of_block(kind, offset, out_features, in_features)
-  has_bias = bias is not None
-  bias_arg = bias if has_bias else jnp.zeros((1,), _F32)
-  if shared_x:
-    precision = None if config.tf32 else jax.lax.Precision.HIGHEST
-    base = jnp.dot(x, weight.T, preferred_element_type=_F32, precision=precision)
-    if has_bias:
-      base = base + bias.astype(_F32)
-  else:
-    base = jnp.zeros((1, 1), _F32)
+  precision = None if config.tf32 else jax.lax.Precision.HIGHEST
+  base = jnp.einsum("...bk,ok->...bo", x, weight.astype(x.dtype) if x.dtype != _F32 else weight,
+                    preferred_element_type=_F32, precision=precision)
+  if bias is not None:
+    base = base + bias.astype(_F32)
   kernel = functools.partial(
       _forward_kernel, layout=layout, bias_offset=offset + out_features * in_features,
-      has_bias=has_bias, shared_x=shared_x, antithetic=antithetic, batch=batch,
+      has_bias=bias is not None, shared_x=shared_x, antithetic=antithetic, batch=batch,
       out_features=out_features, in_features=in_features, config=config)
   grid = (pop // 2 if antithetic else pop, pl.cdiv(batch, config.block_batch),
           pl.cdiv(out_features, config.block_out))
-  stages = config.stages(x.dtype.itemsize, weight.dtype.itemsize, with_weight=not shared_x)
   call = _pallas.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((pop, batch, out_features), out_dtype),
       grid=grid,
       interpret=interpret,
-      compiler_params=_pallas.compiler_params(config.num_warps, stages),
+      compiler_params=_pallas.compiler_params(config.num_warps, config.stages(x.dtype.itemsize)),
       name="virtual_perturbed_linear",
   )
-  return call(x, weight, bias_arg, base, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
+  return call(x, base, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
 
 
 # ----------------------------------------------------------------------------
 # Perturbed linear: gradient with respect to x.
+#
+# dX_i = G_i W + sigma s_i G_i N_i. The first term is an XLA GEMM; the kernel
+# computes the second, for one individual (or pair) per program, or summed
+# over a share of the population when x is shared.
 
 
-def _input_grad_kernel(grad_ref, weight_ref, seeds_ref, sigma_ref, out_ref, *,
-                       layout: NoiseLayout, shared_x: bool, antithetic: bool, batch: int,
-                       out_features: int, in_features: int, n_individuals: int,
-                       per_split: int, config: config_lib.PerturbedLinearConfig):
+def _input_grad_kernel(grad_ref, seeds_ref, sigma_ref, out_ref, *, layout: NoiseLayout,
+                       shared_x: bool, antithetic: bool, batch: int, out_features: int,
+                       in_features: int, per_split: int,
+                       config: config_lib.PerturbedLinearConfig):
   block_batch, block_out, block_in = config.block_batch, config.block_out, config.block_in
   batch0 = pl.program_id(1) * block_batch
   col0 = pl.program_id(2) * block_in
-  batch_rows = batch0 + jax.lax.iota(jnp.int32, block_batch)
-  cols = col0 + jax.lax.iota(jnp.int32, block_in)
-  batch_ok = batch_rows[:, None] < batch
-  cols_ok = cols[None, :] < in_features
+  batch_ok = (batch0 + jax.lax.iota(jnp.int32, block_batch))[:, None] < batch
+  cols_ok = (col0 + jax.lax.iota(jnp.int32, block_in))[None, :] < in_features
   dot_dtype = grad_ref.dtype
   n_out_steps = pl.cdiv(out_features, block_out)
-  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind, dot_dtype)
+  factor = _noise_factor(sigma_ref, layout.kind, dot_dtype)
 
   def noise_for(seed, out0):
     rows = out0 + jax.lax.iota(jnp.int32, block_out)
     start = _row_start(layout, rows.astype(_U32)[:, None])
     keys = _stream_keys(layout, seed, start)
-    q = noise_tile(layout, keys, start, col0, block_out, block_in)
-    return rows, _matmul_noise(q, layout.kind, dot_dtype)
+    return rows, noise_tile(layout, keys, start, col0, block_out, block_in, dot_dtype)
 
   def load_grad(individual, out0, rows):
     ref = grad_ref.at[individual, pl.ds(batch0, block_batch), pl.ds(out0, block_out)]
     return _pallas.load(ref, mask=batch_ok & (rows[None, :] < out_features), other=0)
 
+  out_index = (pl.ds(batch0, block_batch), pl.ds(col0, block_in))
   if shared_x:
-    # Sum over this program's share of the population (pairs already folded).
+    # Sum over this program's share of the population (pairs already folded,
+    # population zero-padded to whole shares).
     first = pl.program_id(0) * per_split
-    count = jnp.minimum(per_split, n_individuals - first)
 
     def over_individuals(position, acc):
       individual = first + position
       seed = seeds_ref[individual]
 
       def over_out(step, acc_inner):
-        out0 = step * block_out
-        rows, q = noise_for(seed, out0)
-        return acc_inner + _dot(load_grad(individual, out0, rows), q, 0, config.tf32)
+        rows, noise = noise_for(seed, step * block_out)
+        return acc_inner + _dot(load_grad(individual, step * block_out, rows), noise, 0,
+                                config.tf32)
 
       return jax.lax.fori_loop(0, n_out_steps, over_out, acc)
 
-    acc = jax.lax.fori_loop(0, count, over_individuals,
+    acc = jax.lax.fori_loop(0, per_split, over_individuals,
                             jnp.zeros((block_batch, block_in), _F32))
-    _pallas.store(out_ref.at[pl.program_id(0), pl.ds(batch0, block_batch), pl.ds(col0, block_in)],
-                  scaled_sigma * acc, mask=batch_ok & cols_ok)
+    _pallas.store(out_ref.at[(pl.program_id(0),) + out_index], factor * acc,
+                  mask=batch_ok & cols_ok)
     return
 
   pair = 2 if antithetic else 1
@@ -369,24 +372,16 @@ def _input_grad_kernel(grad_ref, weight_ref, seeds_ref, sigma_ref, out_ref, *,
   seed = seeds_ref[first]
 
   def body(step, accs):
-    out0 = step * block_out
-    rows, q = noise_for(seed, out0)
-    w_tile = _pallas.load(weight_ref.at[pl.ds(out0, block_out), pl.ds(col0, block_in)],
-                          mask=(rows[:, None] < out_features) & cols_ok, other=0)
-    new = []
-    for member in range(pair):
-      g_tile = load_grad(first + member, out0, rows)
-      new.append(accs[2 * member] + _dot(g_tile, w_tile.astype(g_tile.dtype), 0, config.tf32))
-      new.append(accs[2 * member + 1] + _dot(g_tile, q, 0, config.tf32))
-    return tuple(new)
+    rows, noise = noise_for(seed, step * block_out)
+    return tuple(accs[member] + _dot(load_grad(first + member, step * block_out, rows), noise, 0,
+                                     config.tf32) for member in range(pair))
 
-  zeros = tuple(jnp.zeros((block_batch, block_in), _F32) for _ in range(2 * pair))
+  zeros = tuple(jnp.zeros((block_batch, block_in), _F32) for _ in range(pair))
   accs = jax.lax.fori_loop(0, n_out_steps, body, zeros)
   for member in range(pair):
     sign = 1.0 - 2.0 * member
-    value = accs[2 * member] + sign * scaled_sigma * accs[2 * member + 1]
-    _pallas.store(out_ref.at[first + member, pl.ds(batch0, block_batch), pl.ds(col0, block_in)],
-                  value, mask=batch_ok & cols_ok)
+    _pallas.store(out_ref.at[(first + member,) + out_index], (sign * factor) * accs[member],
+                  mask=batch_ok & cols_ok)
 
 
 def perturbed_linear_input_grad(grad_out, weight, seeds, sigma, offset, *, kind, antithetic,
@@ -399,45 +394,50 @@ def perturbed_linear_input_grad(grad_out, weight, seeds, sigma, offset, *, kind,
   config = config.validate()
   layout = NoiseLayout.of_block(kind, offset, out_features, in_features)
   grad_out = grad_out.astype(_F32)
+  precision = None if config.tf32 else jax.lax.Precision.HIGHEST
   n_batch_tiles = pl.cdiv(batch, config.block_batch)
   n_in_tiles = pl.cdiv(in_features, config.block_in)
-  stages = config.stages(4, weight.dtype.itemsize, with_weight=not shared_x)
-  params = _pallas.compiler_params(config.num_warps, stages)
+  params = _pallas.compiler_params(config.num_warps, config.stages(4))
   common = dict(layout=layout, shared_x=shared_x, antithetic=antithetic, batch=batch,
                 out_features=out_features, in_features=in_features, config=config)
+  sigma = jnp.reshape(sigma, (1,)).astype(_F32)
+  name = "virtual_perturbed_linear_input_grad"
   if shared_x:
-    # dX = (sum_i G_i) W + sigma sum_i s_i G_i N_i: the first term is one small GEMM.
-    precision = None if config.tf32 else jax.lax.Precision.HIGHEST
     weight_part = jnp.dot(grad_out.sum(0), weight.astype(_F32), precision=precision)
     if antithetic:
       grad_out, seeds = grad_out[0::2] - grad_out[1::2], seeds[0::2]
     n_individuals = grad_out.shape[0]
     tiles = n_batch_tiles * n_in_tiles
-    splits = max(1, min(n_individuals, config_lib._TARGET_PROGRAMS // max(1, tiles)))
+    splits = max(1, min(n_individuals, config_lib.TARGET_PROGRAMS // max(1, tiles)))
     per_split = -(-n_individuals // splits)
     splits = -(-n_individuals // per_split)
-    kernel = functools.partial(_input_grad_kernel, n_individuals=n_individuals,
-                               per_split=per_split, **common)
+    pad = splits * per_split - n_individuals
+    grad_out = jnp.pad(grad_out, ((0, pad), (0, 0), (0, 0)))
+    seeds = jnp.pad(seeds, (0, pad))
+    kernel = functools.partial(_input_grad_kernel, per_split=per_split, **common)
     partial = _pallas.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((splits, batch, in_features), _F32),
-        grid=(splits, n_batch_tiles, n_in_tiles),
-        interpret=interpret, compiler_params=params,
-        name="virtual_perturbed_linear_input_grad",
-    )(grad_out, weight, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
+        kernel, out_shape=jax.ShapeDtypeStruct((splits, batch, in_features), _F32),
+        grid=(splits, n_batch_tiles, n_in_tiles), interpret=interpret,
+        compiler_params=params, name=name,
+    )(grad_out, seeds, sigma)
     return weight_part + partial.sum(0)
-  kernel = functools.partial(_input_grad_kernel, n_individuals=pop, per_split=1, **common)
-  return _pallas.pallas_call(
-      kernel,
-      out_shape=jax.ShapeDtypeStruct((pop, batch, in_features), _F32),
-      grid=(pop // 2 if antithetic else pop, n_batch_tiles, n_in_tiles),
-      interpret=interpret, compiler_params=params,
-      name="virtual_perturbed_linear_input_grad",
-  )(grad_out, weight, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
+  weight_part = jnp.einsum("pbo,ok->pbk", grad_out, weight.astype(_F32), precision=precision)
+  kernel = functools.partial(_input_grad_kernel, per_split=1, **common)
+  noise_part = _pallas.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((pop, batch, in_features), _F32),
+      grid=(pop // 2 if antithetic else pop, n_batch_tiles, n_in_tiles), interpret=interpret,
+      compiler_params=params, name=name,
+  )(grad_out, seeds, sigma)
+  return weight_part + noise_part
 
 
 # ----------------------------------------------------------------------------
-# Gradient estimate over a flat parameter block (weights and biases).
+# Flat parameter blocks (gradient estimate, reduce-metric).
+#
+# A flat block of n elements at index ``offset`` is tiled in rows of 32
+# starting at the word-aligned index ``offset - offset % 32``, so a
+# "rademacher" word never straddles rows; positions before ``offset`` and
+# after the end are padding.
 
 
 def _flat_geometry(offset: int, n_elements: int):
@@ -447,20 +447,30 @@ def _flat_geometry(offset: int, n_elements: int):
   return offset - lead, lead, rows
 
 
-def _noise_gradient_kernel(fitness_ref, seeds_ref, out_ref, *, layout: NoiseLayout,
-                           n_individuals: int, per_split: int, n_rows: int, block_rows: int):
+def _individual_keys(layout: NoiseLayout, seeds: jax.Array):
+  """Per-individual stream keys (computed once, by XLA) when no high word is needed."""
+  if layout.high_word:
+    return seeds, seeds
+  return noise_lib.stream_keys(seeds, _U32(0))
+
+
+def _noise_gradient_kernel(fitness_ref, seeds_or_mul_ref, increment_ref, out_ref, *,
+                           layout: NoiseLayout, per_split: int, n_rows: int, block_rows: int):
   row0 = pl.program_id(0) * block_rows
   rows = row0 + jax.lax.iota(jnp.int32, block_rows)
   start = _row_start(layout, rows.astype(_U32)[:, None])
   first = pl.program_id(1) * per_split
-  count = jnp.minimum(per_split, n_individuals - first)
 
   def body(position, acc):
     individual = first + position
-    keys = _stream_keys(layout, seeds_ref[individual], start)
-    return acc + fitness_ref[individual] * noise_tile(layout, keys, start, 0, block_rows, 32)
+    if layout.high_word:
+      keys = _stream_keys(layout, seeds_or_mul_ref[individual], start)
+    else:
+      keys = (seeds_or_mul_ref[individual], increment_ref[individual])
+    noise = noise_tile(layout, keys, start, 0, block_rows, 32)
+    return acc + fitness_ref[individual] * noise
 
-  acc = jax.lax.fori_loop(0, count, body, jnp.zeros((block_rows, 32), _F32))
+  acc = jax.lax.fori_loop(0, per_split, body, jnp.zeros((block_rows, 32), _F32))
   _pallas.store(out_ref.at[pl.program_id(1), pl.ds(row0, block_rows), :], acc,
                 mask=(rows < n_rows)[:, None])
 
@@ -483,57 +493,57 @@ def noise_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, anti
   splits = max(1, min(config.pop_splits or 1, n_individuals))
   per_split = -(-n_individuals // splits)
   splits = -(-n_individuals // per_split)
+  # Zero fitness pads the population to whole shares: a static trip count.
+  pad = splits * per_split - n_individuals
+  fitness = jnp.pad(fitness, (0, pad))
   layout = NoiseLayout.of_block(kind, base, n_rows, 32)
-  kernel = functools.partial(_noise_gradient_kernel, layout=layout, n_individuals=n_individuals,
-                             per_split=per_split, n_rows=n_rows, block_rows=block_rows)
+  keys = _individual_keys(layout, jnp.pad(seeds, (0, pad)))
+  kernel = functools.partial(_noise_gradient_kernel, layout=layout, per_split=per_split,
+                             n_rows=n_rows, block_rows=block_rows)
   partial = _pallas.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((splits, n_rows, 32), _F32),
       grid=(pl.cdiv(n_rows, block_rows), splits),
       interpret=interpret,
-      compiler_params=_pallas.compiler_params(config.num_warps, 1),
+      compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
       name="virtual_noise_gradient",
-  )(fitness, seeds)
+  )(fitness, *keys)
   total = partial.sum(0).reshape(-1)[lead:lead + n_elements]
   scale = _F32(kind.scale) / (_F32(pop_size) * jnp.asarray(sigma, _F32))
   return (total * scale).reshape(shape)
 
 
-# ----------------------------------------------------------------------------
-# Reduce-metric.
-
-
 def _reduce_metric_kernel(center_ref, seeds_ref, sigma_ref, *out_refs, layout: NoiseLayout,
                           antithetic: bool, n_individuals: int, lead: int, n_params: int,
-                          n_rows: int, tiles_per_split: int,
-                          config: config_lib.ReduceMetricConfig):
+                          tiles_per_split: int, config: config_lib.ReduceMetricConfig):
   block_rows, group = config.block_rows, config.individuals_per_program
   first = pl.program_id(0) * group
-  first_tile = pl.program_id(1) * tiles_per_split
-  n_tiles = pl.cdiv(n_rows, block_rows)
-  count = jnp.minimum(tiles_per_split, n_tiles - first_tile)
-  scaled_sigma = _sigma_ref_value(sigma_ref, layout.kind)
+  first_row = pl.program_id(1) * tiles_per_split * block_rows
+  factor = _noise_factor(sigma_ref, layout.kind)
   seeds = [seeds_ref[jnp.minimum(first + member, n_individuals - 1)] for member in range(group)]
   signs = (1.0, -1.0) if antithetic else (1.0,)
+  if not layout.high_word:
+    hoisted = [noise_lib.stream_keys(seed, _U32(0)) for seed in seeds]
 
   def body(position, accs):
-    row0 = (first_tile + position) * block_rows
+    row0 = first_row + position * block_rows
     rows = row0 + jax.lax.iota(jnp.int32, block_rows)
     start = _row_start(layout, rows.astype(_U32)[:, None])
     element = rows[:, None] * 32 + jax.lax.broadcasted_iota(jnp.int32, (1, 32), 1)
     valid = (element >= lead) & (element < lead + n_params)
-    center = _pallas.load(center_ref.at[pl.ds(row0, block_rows), :], mask=valid, other=0)
+    center = _pallas.load(center_ref.at[pl.ds(row0, block_rows), :])
     new = []
     for member in range(group):
-      keys = _stream_keys(layout, seeds[member], start)
-      step = scaled_sigma * noise_tile(layout, keys, start, 0, block_rows, 32)
+      keys = hoisted[member] if not layout.high_word else _stream_keys(layout, seeds[member],
+                                                                        start)
+      step = factor * noise_tile(layout, keys, start, 0, block_rows, 32)
       for sign_index, sign in enumerate(signs):
         value = jnp.where(valid, jnp.abs(center + sign * step), 0.0)
         new.append(accs[member * len(signs) + sign_index] + value)
     return tuple(new)
 
   zeros = tuple(jnp.zeros((block_rows, 32), _F32) for _ in range(group * len(signs)))
-  accs = jax.lax.fori_loop(0, count, body, zeros)
+  accs = jax.lax.fori_loop(0, tiles_per_split, body, zeros)
   members = jax.lax.iota(jnp.int32, group)
   for sign_index, out_ref in enumerate(out_refs):
     totals = jnp.zeros((group,), _F32)
@@ -564,13 +574,13 @@ def reduce_metric(center, seeds, sigma, offset, *, kind, antithetic, config=None
   splits = -(-n_tiles // tiles_per_split)
   group = config.individuals_per_program
   n_groups = pl.cdiv(n_individuals, group)
-  # Left-pad to the word-aligned start and right-pad to whole rows of 32.
-  padded = jnp.pad(center.astype(_F32), (lead, n_rows * 32 - lead - n_params)).reshape(n_rows, 32)
-  layout = NoiseLayout.of_block(kind, base, n_rows, 32)
+  # Left-pad to the word-aligned start, right-pad to whole tiles (a static trip count).
+  padded_rows = splits * tiles_per_split * block_rows
+  padded = jnp.pad(center.astype(_F32), (lead, padded_rows * 32 - lead - n_params))
+  layout = NoiseLayout.of_block(kind, base, padded_rows, 32)
   kernel = functools.partial(
       _reduce_metric_kernel, layout=layout, antithetic=antithetic, n_individuals=n_individuals,
-      lead=lead, n_params=n_params, n_rows=n_rows, tiles_per_split=tiles_per_split,
-      config=config)
+      lead=lead, n_params=n_params, tiles_per_split=tiles_per_split, config=config)
   n_outputs = 2 if antithetic else 1
   out_shape = [jax.ShapeDtypeStruct((splits, n_groups * group), _F32)] * n_outputs
   sums = _pallas.pallas_call(
@@ -578,12 +588,10 @@ def reduce_metric(center, seeds, sigma, offset, *, kind, antithetic, config=None
       out_shape=out_shape,
       grid=(n_groups, splits),
       interpret=interpret,
-      compiler_params=_pallas.compiler_params(config.num_warps, 1),
+      compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
       name="virtual_reduce_metric",
-  )(padded, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
+  )(padded.reshape(padded_rows, 32), seeds, jnp.reshape(sigma, (1,)).astype(_F32))
   per_sign = [s.sum(0)[:n_individuals] / _F32(n_params) for s in sums]
   if antithetic:
     return jnp.stack(per_sign, axis=1).reshape(pop)
   return per_sign[0]
-
-
