@@ -165,7 +165,10 @@ def check(args, results, budget):
 
   # 1. Noise bit for bit: identity x exposes N_i; one-hot fitness returns N_i.
   for kind in KINDS:
-    for offset in (3, 64) if not args.high_offsets else (2**32 - 50, 2**37 - 999):
+    offsets = (3, 64, 2**32 - 50 if kind == "uniform" else 2**37 - 999)
+    if args.high_offsets:
+      offsets = (2**32 - 50, 2**37 - 999)
+    for offset in offsets:
       def noise_bits(kind=kind, offset=offset):
         pop, out_features, in_features = 4, 19, 45
         seeds = _seeds(offset % 1000, pop)
@@ -198,10 +201,13 @@ def check(args, results, budget):
       for kind in KINDS:
         for antithetic in (False, True):
           for config_name, config in configs.items():
-            # Every kind, dtype and antithetic setting with the heuristic tiles; the other
-            # tilings on the small shapes for f32 / bf16 and the two cheapest kinds.
-            if config_name != "heuristic" and (shape_index == 2 or dtype_name == "f16"
-                                               or kind == "normal"):
+            # Every kind, dtype and antithetic setting with the heuristic tiles on the two
+            # small shapes (shared and per-individual x); three more tilings for f32 / bf16,
+            # uniform / rademacher, on the shared one; bf16 alone at in = 4500.
+            if config_name != "heuristic" and (shape_index != 0 or dtype_name == "f16"
+                                               or kind == "normal" or antithetic):
+              continue
+            if shape_index == 2 and dtype_name != "bf16":
               continue
             if config is None and dtype_name == "f32":
               config = ieee
@@ -242,7 +248,7 @@ def check(args, results, budget):
   # 3. Gradient estimates and reduce-metric vs reference.
   for kind in KINDS:
     for antithetic in (False, True):
-      for offset in (5, 2**32 - 300):
+      for offset in ((5, 2**32 - 300) if antithetic else (5,)):
         def flat_ops(kind=kind, antithetic=antithetic, offset=offset):
           pop = 34
           fitness = _random(6, (pop,), F32)
@@ -267,7 +273,21 @@ def check(args, results, budget):
         _harness.run_case(results, f"check flat ops {kind} anti={antithetic} offset={offset}",
                           flat_ops, budget)
 
-  # 4. No (pop, out, in) buffer in the compiled executable.
+  # 4. Autotuning with the correctness screen, compiled.
+  def tuned():
+    from jaxnoise.ops.virtual_noise import tuning  # pylint: disable=g-import-not-at-top
+    pop, batch, out_features, in_features = (512, 64, 256, 768) if not args.quick else (4, 5, 40, 70)
+    x, weight, bias, seeds = _linear_inputs(pop, batch, out_features, in_features, True,
+                                            jnp.bfloat16)
+    record = tuning.tune_perturbed_linear(x, weight, bias, seeds, 0.01, kind="rademacher",
+                                          implementation=impl, repeats=5)
+    return {"selected": dataclasses.asdict(record.selected),
+            "candidates": [{"config": dataclasses.asdict(c.config), "status": c.status,
+                            "deviation": c.deviation, "ms": None if c.seconds is None
+                            else 1e3 * c.seconds, "error": c.error} for c in record.candidates]}
+  _harness.run_case(results, "check autotune screen", tuned, budget)
+
+  # 5. No (pop, out, in) buffer in the compiled executable.
   def memory():
     pop, batch, out_features, in_features = 256, 8, 512, 512
     x = _random(1, (batch, in_features), jnp.bfloat16)
@@ -429,6 +449,8 @@ def bench(args, results, budget):
     for dtype_name in ("bf16", "f32"):
       for kind in KINDS:
         for antithetic in (False, True):
+          if dtype_name == "f32" and (antithetic or kind == "normal") and not args.all_baselines:
+            continue
           baselines = kind == "uniform" and not antithetic or args.all_baselines
           _harness.run_case(
               results, f"linear {shape[0]} {dtype_name} {kind} anti={antithetic}",

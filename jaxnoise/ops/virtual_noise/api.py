@@ -25,6 +25,8 @@ import numpy as np
 
 from jaxnoise import noise as noise_lib
 from jaxnoise.ops import _common
+from jaxnoise.ops import autotune
+from jaxnoise.ops.virtual_noise import config as config_lib
 from jaxnoise.ops.virtual_noise import reference
 
 __all__ = [
@@ -184,11 +186,21 @@ def _forward(static: _LinearStatic, x, weight, bias, seeds, sigma):
         x, weight, bias, seeds, sigma, static.offset, kind=static.kind,
         antithetic=static.antithetic, out_dtype=static.out_dtype,
     )
+  config = static.config
+  if config is None:
+    config = autotune.lookup(*_linear_tuning_key(static, x, weight, bias, seeds))
   return _kernels().perturbed_linear(
       x, weight, bias, seeds, sigma, static.offset, kind=static.kind,
-      antithetic=static.antithetic, out_dtype=static.out_dtype, config=static.config,
+      antithetic=static.antithetic, out_dtype=static.out_dtype, config=config,
       interpret=static.implementation == "interpret",
   )
+
+
+def _linear_tuning_key(static: _LinearStatic, x, weight, bias, seeds):
+  key = config_lib.perturbed_linear_key(
+      static.implementation, x.shape, x.dtype, weight.shape, weight.dtype, bias is not None,
+      seeds.shape[0], static.kind, static.antithetic, static.offset, static.out_dtype)
+  return key[0], key
 
 
 def _input_grad(static: _LinearStatic, grad_out, weight, seeds, sigma):
@@ -361,6 +373,10 @@ def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, 
     fn = (reference.weight_gradient_reference if len(shape) == 2
           else reference.bias_gradient_reference)
     return fn(fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic)
+  if config is None:
+    key = config_lib.noise_gradient_key(implementation, seeds.shape[0], shape, kind, antithetic,
+                                        offset)
+    config = autotune.lookup(key[0], key)
   return _kernels().noise_gradient(
       fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
       config=config, interpret=implementation == "interpret",
@@ -415,6 +431,10 @@ def virtual_reduce_metric(
   if implementation == "reference":
     return reference.reduce_metric_reference(
         center, seeds, sigma, center.shape[0], offset, kind=kind, antithetic=antithetic)
+  if config is None:
+    key = config_lib.reduce_metric_key(implementation, seeds.shape[0], center.shape[0], kind,
+                                       antithetic, offset)
+    config = autotune.lookup(key[0], key)
   return _kernels().reduce_metric(
       center, seeds, sigma, offset, kind=kind, antithetic=antithetic, config=config,
       interpret=implementation == "interpret",

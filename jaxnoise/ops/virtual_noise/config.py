@@ -197,3 +197,89 @@ def reduce_metric_heuristics(n_params: int, n_individuals: int) -> ReduceMetricC
   splits = max(1, min(tiles, TARGET_PROGRAMS // max(1, groups)))
   return ReduceMetricConfig(block_rows=64, individuals_per_program=4, param_splits=splits,
                             num_warps=8)
+
+
+# ----------------------------------------------------------------------------
+# Autotuning: keys and candidate spaces (see jaxnoise.ops.autotune).
+
+
+def _offset_class(kind: noise_lib.NoiseKind, offset: int, n_elements: int) -> tuple:
+  """What of the offset changes the kernel: word alignment and the high word."""
+  return (offset % kind.values_per_word, noise_lib.fits_32_bits(kind, offset, n_elements))
+
+
+def perturbed_linear_key(implementation: str, x_shape, x_dtype, weight_shape, weight_dtype,
+                         has_bias: bool, pop: int, kind: noise_lib.NoiseKind, antithetic: bool,
+                         offset: int, out_dtype) -> tuple:
+  n_elements = weight_shape[0] * weight_shape[1]
+  return ("virtual_perturbed_linear", implementation, tuple(x_shape), str(x_dtype),
+          tuple(weight_shape), str(weight_dtype), has_bias, pop, kind.name, antithetic,
+          _offset_class(kind, offset, n_elements), str(out_dtype))
+
+
+def noise_gradient_key(implementation: str, pop: int, shape, kind: noise_lib.NoiseKind,
+                       antithetic: bool, offset: int) -> tuple:
+  n_elements = 1
+  for dim in shape:
+    n_elements *= dim
+  return ("virtual_noise_gradient", implementation, pop, n_elements, kind.name, antithetic,
+          _offset_class(kind, offset, n_elements))
+
+
+def reduce_metric_key(implementation: str, pop: int, n_params: int, kind: noise_lib.NoiseKind,
+                      antithetic: bool, offset: int) -> tuple:
+  return ("virtual_reduce_metric", implementation, pop, n_params, kind.name, antithetic,
+          _offset_class(kind, offset, n_params))
+
+
+def _valid_unique(configs) -> list:
+  out = []
+  for config in configs:
+    try:
+      config.validate()
+    except ValueError:
+      continue
+    if config not in out:
+      out.append(config)
+  return out
+
+
+def perturbed_linear_candidates(batch: int, out_features: int, in_features: int,
+                                kind: noise_lib.NoiseKind) -> list[PerturbedLinearConfig]:
+  """The heuristic config and its neighbours (tile sizes, warps, pipelining)."""
+  base = perturbed_linear_heuristics(batch, out_features, in_features, kind)
+  other_warps = 8 if base.num_warps == 4 else 4
+  return _valid_unique([
+      base,
+      dataclasses.replace(base, block_out=base.block_out * 2),
+      dataclasses.replace(base, block_out=max(16, base.block_out // 2)),
+      dataclasses.replace(base, block_in=base.block_in * 2),
+      dataclasses.replace(base, block_out=base.block_out * 2, block_in=max(32, base.block_in // 2)),
+      dataclasses.replace(base, num_warps=other_warps),
+      dataclasses.replace(base, block_batch=max(16, base.block_batch // 2)),
+      dataclasses.replace(base, num_stages=2),
+  ])
+
+
+def noise_gradient_candidates(n_elements: int, n_individuals: int) -> list[NoiseGradientConfig]:
+  base = noise_gradient_heuristics(n_elements, n_individuals)
+  splits = base.pop_splits or 1
+  return _valid_unique([
+      base,
+      dataclasses.replace(base, block_rows=base.block_rows * 2),
+      dataclasses.replace(base, block_rows=max(1, base.block_rows // 2)),
+      dataclasses.replace(base, pop_splits=splits * 4),
+      dataclasses.replace(base, pop_splits=max(1, splits // 4)),
+      dataclasses.replace(base, num_warps=8),
+  ])
+
+
+def reduce_metric_candidates(n_params: int, n_individuals: int) -> list[ReduceMetricConfig]:
+  base = reduce_metric_heuristics(n_params, n_individuals)
+  return _valid_unique([
+      base,
+      dataclasses.replace(base, block_rows=base.block_rows // 2, num_warps=4),
+      dataclasses.replace(base, individuals_per_program=8),
+      dataclasses.replace(base, individuals_per_program=2),
+      dataclasses.replace(base, block_rows=base.block_rows * 2),
+  ])

@@ -1,0 +1,162 @@
+"""Autotuning with a correctness screen.
+
+A small config space per op is tried once per ``(op, key)`` (the key holds
+the shapes, dtypes and static options), outside of tracing, on concrete
+inputs. Every candidate's output is first compared with the op's reference
+(the pure-JAX implementation at full float32 precision); a candidate whose
+deviation ``max|out - ref| / max|ref|`` exceeds the tolerance, or that fails
+to compile or run, is *excluded* and recorded with its deviation or error,
+never dropped silently. The survivors are timed (median of ``repeats`` after
+warm-up) and the fastest is cached: later calls of the op with
+``config=None`` and the same key use it, also under ``jit``. Untuned keys use
+the op's heuristic config.
+
+Inspect what happened with :func:`records`; forget it with :func:`clear`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["CandidateResult", "TuningRecord", "clear", "lookup", "records", "tune"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateResult:
+  """One candidate's fate.
+
+  Attributes:
+    config: the candidate config.
+    status: ``"selected"``, ``"timed"`` (correct, slower), ``"excluded"``
+      (deviation above tolerance, or non-finite output) or ``"failed"``
+      (did not compile or run).
+    deviation: ``max|out - ref| / max|ref|`` (None if it failed).
+    seconds: median seconds per call (None unless timed).
+    error: the exception text for failed candidates.
+  """
+
+  config: Any
+  status: str
+  deviation: float | None = None
+  seconds: float | None = None
+  error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningRecord:
+  """The outcome of tuning one ``(op, key)``."""
+
+  op: str
+  key: Hashable
+  tolerance: float
+  selected: Any
+  candidates: tuple[CandidateResult, ...]
+
+  @property
+  def excluded(self) -> tuple[CandidateResult, ...]:
+    return tuple(c for c in self.candidates if c.status in ("excluded", "failed"))
+
+
+_CACHE: dict[tuple[str, Hashable], Any] = {}
+_RECORDS: dict[tuple[str, Hashable], TuningRecord] = {}
+
+
+def lookup(op: str, key: Hashable) -> Any:
+  """The tuned config of ``(op, key)``, or None if it was never tuned."""
+  return _CACHE.get((op, key))
+
+
+def records() -> list[TuningRecord]:
+  """Every tuning outcome so far, in order."""
+  return list(_RECORDS.values())
+
+
+def clear() -> None:
+  """Forget every tuned config and record."""
+  _CACHE.clear()
+  _RECORDS.clear()
+
+
+def _deviation(value, ref: np.ndarray) -> float:
+  value = np.asarray(value, np.float64)
+  if value.shape != ref.shape or not np.all(np.isfinite(value)):
+    return float("inf")
+  scale = max(float(np.abs(ref).max()), np.finfo(np.float32).tiny)
+  return float(np.abs(value - ref).max() / scale)
+
+
+def _median_seconds(fn: Callable[[], Any], warmup: int, repeats: int) -> float:
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any], Any],
+         reference: Callable[[], Any], tolerance: float, *, warmup: int = 2,
+         repeats: int = 10) -> TuningRecord:
+  """Screen, time and cache the candidates of one ``(op, key)``.
+
+  Args:
+    op: the op's name.
+    key: hashable description of the shapes, dtypes and static options.
+    candidates: configs to try (duplicates are tried once).
+    run: ``run(config)`` computes the op on the tuning inputs (it should be
+      jitted so timing excludes tracing); must be called on concrete inputs.
+    reference: computes the reference output once.
+    tolerance: the largest accepted deviation from the reference.
+    warmup: untimed calls per candidate (compilation included).
+    repeats: timed calls per candidate; the median is kept.
+
+  Returns:
+    The :class:`TuningRecord`; its ``selected`` config is now cached.
+
+  Raises:
+    RuntimeError: when no candidate passes the screen (the record of every
+      candidate is kept, see :func:`records`).
+  """
+  ref = np.asarray(reference(), np.float64)
+  results, seen = [], set()
+  for config in candidates:
+    if config in seen:
+      continue
+    seen.add(config)
+    try:
+      deviation = _deviation(run(config), ref)
+    except Exception as error:  # pylint: disable=broad-except
+      results.append(CandidateResult(config, "failed", error=f"{type(error).__name__}: {error}"))
+      _log.warning("autotune %s %s: %s failed: %s", op, key, config, error)
+      continue
+    if not deviation <= tolerance:
+      results.append(CandidateResult(config, "excluded", deviation=deviation))
+      _log.warning("autotune %s %s: %s excluded, deviation %.3g > %.3g", op, key, config,
+                   deviation, tolerance)
+      continue
+    seconds = _median_seconds(lambda config=config: run(config), warmup, repeats)
+    results.append(CandidateResult(config, "timed", deviation=deviation, seconds=seconds))
+  timed = [r for r in results if r.status == "timed"]
+  if not timed:
+    record = TuningRecord(op, key, tolerance, None, tuple(results))
+    _RECORDS[(op, key)] = record
+    raise RuntimeError(f"autotune {op} {key}: no candidate passed the correctness screen: "
+                       f"{[(r.config, r.status, r.deviation, r.error) for r in results]}")
+  best = min(timed, key=lambda r: r.seconds)
+  results = [dataclasses.replace(r, status="selected") if r is best else r for r in results]
+  record = TuningRecord(op, key, tolerance, best.config, tuple(results))
+  _CACHE[(op, key)] = best.config
+  _RECORDS[(op, key)] = record
+  return record
