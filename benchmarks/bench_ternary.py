@@ -374,6 +374,9 @@ def run_case(results: dict, name: str, fn, *args, **kwargs):
                      "traceback": trace, "wall_s": time.perf_counter() - start}
   print(f"  {name}: {'ok' if results[name]['ok'] else 'FAILED'} "
         f"({results[name]['wall_s']:.1f} s)", flush=True)
+  # One JSON line per case, so a run cut short still leaves its numbers.
+  print("CASE " + json.dumps({name: {k: v for k, v in results[name].items() if k != "traceback"}},
+                             default=str), flush=True)
   return results[name].get("result")
 
 
@@ -492,8 +495,6 @@ def main(argv=None):
     for dtype in (jnp.float32, jnp.bfloat16):
       run_case(results, f"update {shape[0]}x{shape[1]} grad {jnp.dtype(dtype).name}",
                case_update_throughput, args, shape, dtype, copy_bytes_per_s)
-  run_case(results, f"sweep update {update_shapes[0][0]}x{update_shapes[0][1]} f32",
-           case_update_sweep, args, update_shapes[0], copy_bytes_per_s)
   for m_rows in ((32, 48) if args.quick else (4096, 32768)):
     run_case(results, f"from_io M={m_rows}", case_from_io, args, m_rows)
   matmul_shapes = [(48, 64)] if args.quick else [(4096, 4096), (11008, 4096), (4096, 11008)]
@@ -502,6 +503,8 @@ def main(argv=None):
       run_case(results, f"matmul M={m_rows} {shape[0]}x{shape[1]} bf16", case_matmul, args,
                m_rows, shape)
 
+  run_case(results, f"sweep update {update_shapes[0][0]}x{update_shapes[0][1]} f32",
+           case_update_sweep, args, update_shapes[0], copy_bytes_per_s)
   sweep_shape = matmul_shapes[0]
   for m_rows, kind in (((1, "decode"), (64, "prefill")) if args.quick
                        else ((1, "decode"), (4096, "prefill"))):

@@ -316,10 +316,10 @@ def pack_codes(codes: jax.Array, *, C: int | None = None, implementation: str = 
     >>> unpack_codes(packed).tolist()
     [[1, 2, 3, 4]]
   """
-  if codes is None or not hasattr(codes, "dtype") and not isinstance(codes, (list, np.ndarray)):
-    raise TypeError(f"codes must be an integer array, got {type(codes).__name__}")
-  if not hasattr(codes, "dtype"):
+  if isinstance(codes, list):
     codes = np.asarray(codes)
+  if not hasattr(codes, "dtype"):
+    raise TypeError(f"codes must be an integer array, got {type(codes).__name__}")
   if not jnp.issubdtype(codes.dtype, jnp.integer):
     raise TypeError(f"codes must have an integer dtype (uint8 preferred), got "
                     f"{_common.describe(codes)}")

@@ -1,0 +1,450 @@
+"""An optax-style evolution-strategies transform over virtual noise.
+
+:func:`evolution_strategy` returns an :class:`EvolutionStrategy` with
+
+* ``init(params) -> state``,
+* ``ask(state) -> (seeds, state)``: the generation's ``(pop,)`` seeds,
+* ``update(fitness, state, params) -> (updates, state)``: optax-style
+  updates to add to the parameters (``optax.apply_updates``),
+
+that chains **any** optax optimizer: the ES gradient estimate (from
+:func:`jaxnoise.nn.population.fitness_gradient`, which never materialises the
+noise) is handed to the inner optimizer *as the gradient of a loss to
+minimise*.
+
+Sign conventions
+----------------
+``maximize=True`` (default): larger fitness is better (e.g. reward, accuracy,
+negative loss). ``maximize=False``: smaller is better (a loss); the fitness
+is negated first. After shaping, ``g = sum_i shaped_i s_i noise_i /
+(pop * sigma)`` estimates the gradient of expected (oriented) fitness, an
+ascent direction; the inner optimizer receives ``-g + weight_decay *
+params``, so ``optax.sgd(lr)`` moves the parameters by ``lr * g - lr *
+weight_decay * params``.
+
+Fitness shaping
+---------------
+``"centered_rank"`` (default): ranks ``0 .. pop-1`` mapped to ``[-0.5, 0.5]``
+(``rank / (pop - 1) - 0.5``); equal fitness values share their average rank,
+so an all-equal population (or an antithetic pair with equal fitness) gives
+no gradient. ``"z_score"``: ``(f - mean) / std`` (zeros when ``std == 0``).
+``"raw"``: the oriented fitness as is.
+
+Non-finite fitness
+------------------
+``nonfinite="worst"`` (default): NaN and +-inf are replaced by the worst
+finite fitness of the generation (after orientation), so those individuals
+rank last (tied with the worst finite one) and never put a NaN into the
+parameters; if no fitness is finite the generation's gradient is zero.
+``nonfinite="skip"``: a generation with any non-finite fitness makes no
+update at all (updates are zero and the inner optimizer's state is kept).
+Either way, ``state.nonfinite_count`` counts the replaced values.
+
+Weight decay
+------------
+``weight_decay * params`` is added to the gradient handed to the inner
+optimizer (an L2 penalty on the minimised loss, so it is scaled by the
+optimizer, as in ``torch.optim.SGD``). For decoupled decay use
+``optax.adamw`` as the inner optimizer.
+
+State
+-----
+:class:`EvolutionStrategyState` is a NamedTuple of arrays (the generation,
+the key's raw data, the inner optimizer state, the non-finite counter), so it
+can be jitted, sharded, saved and restored bit for bit. The seeds of a
+generation are a pure function of ``(key, generation)``: ``ask`` changes
+nothing, ``update`` recomputes the same seeds and advances the generation.
+
+Example:
+  >>> import jax, jax.numpy as jnp, optax
+  >>> es = evolution_strategy(0.1, optax.sgd(0.05), pop_size=64)
+  >>> def sphere(params):
+  ...   return -jnp.sum(params["x"] ** 2)
+  >>> @jax.jit
+  ... def step(params, state):
+  ...   seeds, state = es.ask(state)
+  ...   population = jax.vmap(es.perturb, in_axes=(None, 0, 0))(params, *es.individuals(seeds))
+  ...   fitness = jax.vmap(sphere)(population)
+  ...   updates, state = es.update(fitness, state, params)
+  ...   return optax.apply_updates(params, updates), state
+  >>> params = {"x": jnp.full(3, 2.0)}
+  >>> state = es.init(params)
+  >>> for _ in range(30):
+  ...   params, state = step(params, state)
+  >>> bool(sphere(params) > -0.1)  # from -12.0
+  True
+
+References:
+  Salimans et al., "Evolution Strategies as a Scalable Alternative to
+  Reinforcement Learning", 2017 (centered ranks, antithetic sampling,
+  shared seeds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxnoise import noise as noise_lib
+from jaxnoise.nn import population as population_lib
+from jaxnoise.ops import _common
+
+__all__ = [
+    "FITNESS_SHAPINGS",
+    "NONFINITE_POLICIES",
+    "EvolutionStrategy",
+    "EvolutionStrategyState",
+    "centered_rank",
+    "evolution_strategy",
+    "replace_nonfinite",
+    "shape_fitness",
+    "z_score",
+]
+
+FITNESS_SHAPINGS = ("centered_rank", "z_score", "raw")
+NONFINITE_POLICIES = ("worst", "skip")
+
+
+class EvolutionStrategyState(NamedTuple):
+  """State of :class:`EvolutionStrategy` (a pytree of arrays)."""
+
+  generation: jax.Array  # () int32: generations completed (indexes the seeds).
+  key_data: jax.Array  # raw uint32 data of the jax.random key (e.g. (2,) for threefry).
+  inner_state: optax.OptState  # the inner optimizer's state.
+  nonfinite_count: jax.Array  # () int32: non-finite fitness values seen so far.
+
+
+# ----------------------------------------------------------------------------
+# Fitness shaping.
+
+
+def centered_rank(fitness: jax.Array) -> jax.Array:
+  """Ranks mapped to ``[-0.5, 0.5]``; ties share their average rank.
+
+  Args:
+    fitness: ``(pop,)`` finite fitness (larger is better).
+
+  Returns:
+    ``(pop,)`` float32: ``rank / (pop - 1) - 0.5`` (zeros for ``pop == 1``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> centered_rank(jnp.array([3.0, 1.0, 2.0, 2.0])).tolist()
+    [0.5, -0.5, 0.0, 0.0]
+  """
+  fitness = jnp.asarray(fitness, jnp.float32)
+  pop = fitness.shape[0]
+  if pop == 1:
+    return jnp.zeros_like(fitness)
+  ordered = jnp.sort(fitness)
+  below = jnp.searchsorted(ordered, fitness, side="left")
+  up_to = jnp.searchsorted(ordered, fitness, side="right")
+  average_rank = (below + up_to - 1).astype(jnp.float32) / 2.0
+  return average_rank / jnp.float32(pop - 1) - 0.5
+
+
+def z_score(fitness: jax.Array) -> jax.Array:
+  """``(f - mean) / std``; zeros when all values are equal.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> z_score(jnp.array([1.0, 3.0])).tolist()
+    [-1.0, 1.0]
+  """
+  fitness = jnp.asarray(fitness, jnp.float32)
+  centred = fitness - jnp.mean(fitness)
+  std = jnp.sqrt(jnp.mean(centred * centred))
+  return jnp.where(std > 0, centred / jnp.where(std > 0, std, 1.0), 0.0)
+
+
+def shape_fitness(fitness: jax.Array, method: str) -> jax.Array:
+  """Apply ``"centered_rank"``, ``"z_score"`` or ``"raw"`` shaping (float32 out)."""
+  if method == "centered_rank":
+    return centered_rank(fitness)
+  if method == "z_score":
+    return z_score(fitness)
+  if method == "raw":
+    return jnp.asarray(fitness, jnp.float32)
+  raise ValueError(f"fitness_shaping must be one of {FITNESS_SHAPINGS}, got {method!r}")
+
+
+def replace_nonfinite(fitness: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Replace NaN / +-inf by the worst (smallest) finite value.
+
+  Args:
+    fitness: ``(pop,)`` oriented fitness (larger is better).
+
+  Returns:
+    ``(fitness, count)``: the repaired fitness (all zeros if nothing is
+    finite) and the int32 number of replaced values.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> fixed, count = replace_nonfinite(jnp.array([1.0, jnp.nan, 3.0, jnp.inf]))
+    >>> fixed.tolist(), int(count)
+    ([1.0, 1.0, 3.0, 1.0], 2)
+  """
+  fitness = jnp.asarray(fitness, jnp.float32)
+  finite = jnp.isfinite(fitness)
+  worst = jnp.min(jnp.where(finite, fitness, jnp.inf))
+  worst = jnp.where(jnp.isfinite(worst), worst, 0.0)
+  return jnp.where(finite, fitness, worst), jnp.sum(~finite).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------
+# The transform.
+
+
+@dataclasses.dataclass(frozen=True)
+class EvolutionStrategy:
+  """Virtual-noise ES chained with an optax optimizer (see the module docstring).
+
+  Build it with :func:`evolution_strategy`. ``params`` arguments are a
+  pytree of arrays or an ``nnx`` model; for a model, the parameters are
+  ``nnx.state(model, wrt)`` with linear kernels in the ``(out, in)`` noise
+  view (:func:`jaxnoise.nn.population.parameter_layout`), and ``updates``
+  match that state (``nnx.update(model, optax.apply_updates(nnx.state(model,
+  wrt), updates))``).
+
+  Attributes:
+    sigma: perturbation standard deviation.
+    optimizer: the inner optax optimizer.
+    pop_size: population size.
+    antithetic: antithetic pairs.
+    fitness_shaping: one of :data:`FITNESS_SHAPINGS`.
+    maximize: larger fitness is better.
+    weight_decay: coefficient of the L2 term added to the gradient.
+    nonfinite: one of :data:`NONFINITE_POLICIES`.
+    kind: noise kind.
+    implementation: op implementation.
+    config: hashable kernel config or None.
+    wrt: ``nnx`` filter of a model's ES parameters.
+    layout: explicit :class:`~jaxnoise.nn.population.ParameterLayout` (e.g.
+      of an ``nnx.State``), or None to derive it from ``params``.
+    seed: integer seed of the default key.
+  """
+
+  sigma: float
+  optimizer: optax.GradientTransformation
+  pop_size: int
+  antithetic: bool = True
+  fitness_shaping: str = "centered_rank"
+  maximize: bool = True
+  weight_decay: float = 0.0
+  nonfinite: str = "worst"
+  kind: str = noise_lib.DEFAULT_KIND
+  implementation: str = "auto"
+  config: Any = None
+  wrt: Any = nnx.Param
+  layout: population_lib.ParameterLayout | None = None
+  seed: int = 0
+
+  # -- parameters ---------------------------------------------------------
+
+  def _params(self, params):
+    if isinstance(params, nnx.Module):
+      return nnx.state(params, self.wrt)
+    return params
+
+  def _layout(self, params):
+    if self.layout is not None:
+      return self.layout
+    if isinstance(params, nnx.Module):
+      return population_lib.parameter_layout(params, wrt=self.wrt)
+    return population_lib.parameter_layout(params)
+
+  # -- API ----------------------------------------------------------------
+
+  def init(self, params: Any, key: jax.Array | None = None) -> EvolutionStrategyState:
+    """Initial state: generation 0, the key, the inner optimizer's state.
+
+    Args:
+      params: pytree of arrays or ``nnx`` model.
+      key: ``jax.random`` key (default ``jax.random.key(self.seed)``).
+
+    Returns:
+      :class:`EvolutionStrategyState`.
+    """
+    if key is None:
+      key = jax.random.key(self.seed)
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+      key = jax.random.wrap_key_data(key)
+    return EvolutionStrategyState(
+        generation=jnp.zeros((), jnp.int32),
+        key_data=jax.random.key_data(key),
+        inner_state=self.optimizer.init(self._params(params)),
+        nonfinite_count=jnp.zeros((), jnp.int32),
+    )
+
+  def seeds(self, state: EvolutionStrategyState) -> jax.Array:
+    """The ``(pop,)`` uint32 seeds of the current generation (pairs share a seed)."""
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.key_data), state.generation)
+    return noise_lib.draw_seeds(key, self.pop_size, antithetic=self.antithetic)
+
+  def ask(self, state: EvolutionStrategyState) -> tuple[jax.Array, EvolutionStrategyState]:
+    """The generation's seeds; the state is returned unchanged (seeds are a function of it)."""
+    return self.seeds(state), state
+
+  def individuals(self, seeds: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(seed, sign)`` per individual, to vmap a per-individual evaluation over.
+
+    With antithetic pairs, individual ``2m + 1`` uses ``seeds[2m]`` and sign
+    ``-1``.
+    """
+    seeds = noise_lib.as_seeds(seeds)
+    return (noise_lib.pair_seeds(seeds, self.antithetic),
+            noise_lib.antithetic_signs(seeds.shape[0], self.antithetic))
+
+  def perturb(self, params: Any, seed: Any, sign: float | jax.Array = 1.0) -> Any:
+    """One individual's parameters (materialised), with this ES's noise and layout.
+
+    Use it under ``jax.vmap(..., )(*es.individuals(seeds))`` for pytree models.
+    """
+    return population_lib.perturb_params(self._params(params), seed, self.sigma,
+                                         layout=self._layout(params), sign=sign,
+                                         kind=self.kind)
+
+  def evaluate(self, model: nnx.Module, seeds: jax.Array, fn: Callable[..., Any],
+               *args: Any) -> Any:
+    """:func:`~jaxnoise.nn.population.population_apply` with this ES's settings."""
+    return population_lib.population_apply(
+        model, seeds, self.sigma, fn, *args, kind=self.kind, antithetic=self.antithetic,
+        implementation=self.implementation, config=self.config, wrt=self.wrt)
+
+  def gradient(self, fitness: jax.Array, seeds: jax.Array, params: Any) -> Any:
+    """The ES ascent direction from shaped fitness (no optimizer, no decay)."""
+    return population_lib.fitness_gradient(
+        self._params(params), fitness, seeds, self.sigma, kind=self.kind,
+        antithetic=self.antithetic, implementation=self.implementation, config=self.config,
+        layout=self._layout(params))
+
+  def shape(self, fitness: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Orient, repair non-finite values and shape: ``(shaped, nonfinite count)``."""
+    fitness = _common.check_float_array(fitness, "fitness", (1,))
+    if fitness.shape != (self.pop_size,):
+      raise ValueError(f"fitness must have shape ({self.pop_size},) (pop_size), got "
+                       f"{_common.describe(fitness)}")
+    oriented = fitness.astype(jnp.float32)
+    if not self.maximize:
+      oriented = -oriented
+    repaired, count = replace_nonfinite(oriented)
+    return shape_fitness(repaired, self.fitness_shaping), count
+
+  def _loss_gradient(self, ascent: jax.Array, param: jax.Array) -> jax.Array:
+    """``-ascent + weight_decay * param`` (non-float leaves: zero, no decay)."""
+    if not jnp.issubdtype(param.dtype, jnp.floating):
+      return jnp.zeros_like(ascent)
+    if not self.weight_decay:
+      return -ascent
+    decayed = -ascent.astype(jnp.float32) + jnp.float32(self.weight_decay) * param.astype(
+        jnp.float32)
+    return decayed.astype(param.dtype)
+
+  def update(self, fitness: jax.Array, state: EvolutionStrategyState,
+             params: Any) -> tuple[Any, EvolutionStrategyState]:
+    """Updates for the generation's fitness; advances the generation.
+
+    Args:
+      fitness: ``(pop,)`` fitness of the individuals of ``ask(state)``'s seeds.
+      state: the state ``ask`` was called with.
+      params: the current parameters (pytree or ``nnx`` model).
+
+    Returns:
+      ``(updates, new_state)``; add the updates with ``optax.apply_updates``.
+    """
+    param_tree = self._params(params)
+    seeds = self.seeds(state)
+    shaped, count = self.shape(fitness)
+    ascent = self.gradient(shaped, seeds, params)
+    loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
+    updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
+    if self.nonfinite == "skip":
+      skip = count > 0
+      updates = jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), updates)
+      inner_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new), inner_state,
+                                 state.inner_state)
+    new_state = EvolutionStrategyState(
+        generation=state.generation + 1,
+        key_data=state.key_data,
+        inner_state=inner_state,
+        nonfinite_count=state.nonfinite_count + count,
+    )
+    return updates, new_state
+
+
+def evolution_strategy(
+    sigma: float,
+    optimizer: optax.GradientTransformation,
+    *,
+    pop_size: int,
+    antithetic: bool = True,
+    fitness_shaping: str = "centered_rank",
+    maximize: bool = True,
+    weight_decay: float = 0.0,
+    nonfinite: str = "worst",
+    kind: str = noise_lib.DEFAULT_KIND,
+    implementation: str = "auto",
+    config: Any = None,
+    wrt: Any = nnx.Param,
+    layout: population_lib.ParameterLayout | None = None,
+    seed: int = 0,
+) -> EvolutionStrategy:
+  """An ES transform that feeds its virtual-noise gradient to ``optimizer``.
+
+  Args:
+    sigma: positive perturbation standard deviation (a Python float).
+    optimizer: any optax ``GradientTransformation`` (e.g. ``optax.adam(1e-2)``).
+    pop_size: population size (even with ``antithetic``).
+    antithetic: antithetic pairs (individuals ``2m``, ``2m+1`` share a seed).
+    fitness_shaping: ``"centered_rank"``, ``"z_score"`` or ``"raw"``.
+    maximize: True if larger fitness is better, False for a loss.
+    weight_decay: L2 coefficient added to the gradient (>= 0).
+    nonfinite: ``"worst"`` or ``"skip"`` (see the module docstring).
+    kind: noise kind.
+    implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
+    config: hashable kernel config or None.
+    wrt: ``nnx`` filter of a model's ES parameters.
+    layout: explicit parameter layout, or None to derive it from ``params``.
+    seed: integer seed of the default key.
+
+  Returns:
+    An :class:`EvolutionStrategy`.
+
+  Example:
+    >>> import optax
+    >>> es = evolution_strategy(0.02, optax.adam(1e-2), pop_size=256)
+    >>> es.pop_size, es.antithetic
+    (256, True)
+  """
+  sigma = _common.check_sigma(sigma)
+  pop_size = _common.check_positive_int(pop_size, "pop_size")
+  if antithetic and pop_size % 2:
+    raise ValueError(f"antithetic=True needs an even pop_size, got {pop_size}")
+  if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+    raise TypeError(f"optimizer must be an optax GradientTransformation, got "
+                    f"{type(optimizer).__name__}")
+  if fitness_shaping not in FITNESS_SHAPINGS:
+    raise ValueError(f"fitness_shaping must be one of {FITNESS_SHAPINGS}, got "
+                     f"{fitness_shaping!r}")
+  if nonfinite not in NONFINITE_POLICIES:
+    raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+  weight_decay = float(weight_decay)
+  if not weight_decay >= 0:
+    raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+  if implementation not in _common.IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {_common.IMPLEMENTATIONS}, got "
+                     f"{implementation!r}")
+  if layout is not None and not isinstance(layout, population_lib.ParameterLayout):
+    raise TypeError(f"layout must be a ParameterLayout or None, got {type(layout).__name__}")
+  return EvolutionStrategy(
+      sigma=float(sigma), optimizer=optimizer, pop_size=pop_size, antithetic=bool(antithetic),
+      fitness_shaping=fitness_shaping, maximize=bool(maximize), weight_decay=weight_decay,
+      nonfinite=nonfinite, kind=noise_lib.get_kind(kind).name,
+      implementation=implementation, config=config, wrt=wrt,
+      layout=layout, seed=int(seed))

@@ -1,0 +1,255 @@
+"""The optax-style ES transform (jaxnoise.optim.es) and the minimal example."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxnoise.nn.population import fitness_gradient, perturb_params
+from jaxnoise.optim.es import (EvolutionStrategyState, centered_rank, evolution_strategy,
+                               replace_nonfinite, shape_fitness, z_score)
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def random_params(rng):
+  return {"w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+          "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+          "count": jnp.int32(2)}
+
+
+# ----------------------------------------------------------------------------
+# Fitness shaping.
+
+
+def test_centered_rank_values_ties_and_permutation(rng):
+  fitness = jnp.asarray(rng.normal(size=9), jnp.float32)
+  ranks = centered_rank(fitness)
+  expected = np.argsort(np.argsort(np.asarray(fitness))) / 8.0 - 0.5
+  np.testing.assert_allclose(ranks, expected, atol=1e-7)
+  permutation = rng.permutation(9)
+  np.testing.assert_allclose(centered_rank(fitness[permutation]), ranks[permutation], atol=1e-7)
+  # Ties share the average rank: equal members cancel, an all-equal population is zero.
+  np.testing.assert_allclose(centered_rank(jnp.array([5.0, 1.0, 5.0, 3.0])),
+                             [(2.5 / 3) - 0.5, -0.5, (2.5 / 3) - 0.5, 1 / 3 - 0.5], atol=1e-7)
+  np.testing.assert_array_equal(centered_rank(jnp.full(6, 2.5)), 0.0)
+  np.testing.assert_array_equal(centered_rank(jnp.array([4.0])), 0.0)
+
+
+def test_z_score_and_raw(rng):
+  fitness = jnp.asarray(rng.normal(3.0, 2.0, size=16), jnp.float32)
+  shaped = z_score(fitness)
+  np.testing.assert_allclose(float(jnp.mean(shaped)), 0.0, atol=1e-6)
+  np.testing.assert_allclose(float(jnp.std(shaped)), 1.0, atol=1e-5)
+  np.testing.assert_array_equal(z_score(jnp.full(4, 7.0)), 0.0)
+  np.testing.assert_array_equal(shape_fitness(fitness, "raw"), fitness)
+  with pytest.raises(ValueError, match="fitness_shaping"):
+    shape_fitness(fitness, "rank")
+
+
+def test_replace_nonfinite():
+  fixed, count = replace_nonfinite(jnp.array([2.0, -jnp.inf, jnp.nan, 0.5, jnp.inf]))
+  np.testing.assert_array_equal(fixed, [2.0, 0.5, 0.5, 0.5, 0.5])
+  assert int(count) == 3
+  fixed, count = replace_nonfinite(jnp.full(4, jnp.nan))
+  np.testing.assert_array_equal(fixed, 0.0)
+  assert int(count) == 4
+
+
+# ----------------------------------------------------------------------------
+# The transform.
+
+
+@pytest.mark.parametrize("maximize", [True, False])
+@pytest.mark.parametrize("antithetic", [True, False])
+def test_update_is_the_signed_es_gradient(rng, maximize, antithetic):
+  params = random_params(rng)
+  es = evolution_strategy(0.2, optax.sgd(0.5), pop_size=8, antithetic=antithetic,
+                          fitness_shaping="raw", maximize=maximize)
+  state = es.init(params)
+  seeds, asked = es.ask(state)
+  assert asked is state
+  fitness = jnp.asarray(rng.normal(size=8), jnp.float32)
+  updates, new_state = jax.jit(es.update)(fitness, state, params)
+  oriented = fitness if maximize else -fitness
+  ascent = jax.jit(lambda f, s: fitness_gradient(params, f, s, 0.2, antithetic=antithetic))(
+      oriented, seeds)
+  for name in ("w", "b"):
+    np.testing.assert_allclose(updates[name], 0.5 * ascent[name], rtol=1e-6, atol=1e-7)
+  assert int(updates["count"]) == 0
+  assert int(new_state.generation) == 1 and int(new_state.nonfinite_count) == 0
+  # With antithetic pairs and raw fitness, a step along the update provably raises a
+  # linear objective (the estimate is sum_m (N_m . d)^2 d-ward): the sign convention.
+  es = evolution_strategy(0.2, optax.sgd(0.5), pop_size=8, fitness_shaping="raw",
+                          maximize=maximize)
+  state = es.init(params)
+  seeds, _ = es.ask(state)
+  direction = {"w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+               "b": jnp.asarray(rng.normal(size=3), jnp.float32)}
+  objective = lambda p: sum(jnp.sum(p[k] * direction[k]) for k in ("w", "b"))
+  fitness = jax.jit(jax.vmap(lambda s, g: objective(es.perturb(params, s, g))))(
+      *es.individuals(seeds))
+  updates, _ = jax.jit(es.update)(fitness if maximize else -fitness, state, params)
+  assert float(objective(optax.apply_updates(params, updates))) > float(objective(params))
+
+
+def test_weight_decay_is_added_to_the_loss_gradient(rng):
+  params = random_params(rng)
+  es = evolution_strategy(0.1, optax.sgd(0.1), pop_size=6, weight_decay=0.3)
+  state = es.init(params)
+  updates, _ = jax.jit(es.update)(jnp.full(6, 4.0), state, params)  # equal fitness: no ES gradient
+  for name in ("w", "b"):
+    np.testing.assert_allclose(updates[name], -0.1 * 0.3 * params[name], rtol=1e-6)
+  assert int(optax.apply_updates(params, updates)["count"]) == 2  # integers never decay
+  with pytest.raises(ValueError, match="weight_decay"):
+    evolution_strategy(0.1, optax.sgd(0.1), pop_size=6, weight_decay=-1.0)
+
+
+def test_nonfinite_fitness_worst_policy(rng):
+  params = random_params(rng)
+  es = evolution_strategy(0.1, optax.adam(0.1), pop_size=8)
+  state = es.init(params)
+  fitness = jnp.asarray(rng.normal(size=8), jnp.float32)
+  broken = fitness.at[1].set(jnp.nan).at[4].set(jnp.inf).at[6].set(-jnp.inf)
+  worst = float(jnp.min(fitness[jnp.array([0, 2, 3, 5, 7])]))
+  repaired = broken.at[1].set(worst).at[4].set(worst).at[6].set(worst)
+  update = jax.jit(es.update)
+  updates, new_state = update(broken, state, params)
+  expected, _ = update(repaired, state, params)
+  for name in ("w", "b"):
+    assert bool(jnp.all(jnp.isfinite(updates[name])))
+    np.testing.assert_array_equal(updates[name], expected[name])
+  assert int(new_state.nonfinite_count) == 3
+  assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(new_state))
+  # Nothing finite: no ES gradient (adam's first step is then zero), still no NaN.
+  updates, all_bad = update(jnp.full(8, jnp.nan), state, params)
+  np.testing.assert_array_equal(updates["w"], 0.0)
+  assert int(all_bad.nonfinite_count) == 8
+
+
+def test_nonfinite_fitness_skip_policy(rng):
+  params = random_params(rng)
+  es = evolution_strategy(0.1, optax.adam(0.1), pop_size=8, nonfinite="skip")
+  state = es.init(params)
+  update = jax.jit(es.update)
+  updates, state = update(jnp.asarray(rng.normal(size=8), jnp.float32), state, params)
+  assert float(jnp.abs(updates["w"]).max()) > 0
+  broken = jnp.asarray(rng.normal(size=8), jnp.float32).at[3].set(jnp.nan)
+  updates, skipped = update(broken, state, params)
+  np.testing.assert_array_equal(updates["w"], 0.0)
+  for kept, old in zip(jax.tree.leaves(skipped.inner_state), jax.tree.leaves(state.inner_state)):
+    np.testing.assert_array_equal(kept, old)
+  assert int(skipped.nonfinite_count) == 1 and int(skipped.generation) == 2
+
+
+def test_seeds_are_a_function_of_the_state():
+  es = evolution_strategy(0.1, optax.sgd(0.1), pop_size=6, seed=3)
+  state = es.init({"w": jnp.zeros(2)})
+  seeds, _ = es.ask(state)
+  assert seeds.dtype == jnp.uint32 and seeds.shape == (6,)
+  np.testing.assert_array_equal(seeds[0::2], seeds[1::2])  # antithetic pairs
+  np.testing.assert_array_equal(es.ask(state)[0], seeds)
+  later = state._replace(generation=state.generation + 1)
+  assert not np.array_equal(es.ask(later)[0], seeds)
+  other = es.init({"w": jnp.zeros(2)}, key=jax.random.key(4))
+  assert not np.array_equal(es.ask(other)[0], seeds)
+  assert isinstance(state, EvolutionStrategyState)
+
+
+def test_es_improves_a_pytree_objective_with_a_chained_optimizer(rng):
+  target = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
+  params = {"w": jnp.zeros((4, 5)), "b": jnp.zeros(4)}
+  optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(0.05))
+  es = evolution_strategy(0.05, optimizer, pop_size=32, maximize=False)
+  loss = lambda p: jnp.sum((p["w"] - target) ** 2) + jnp.sum((p["b"] - 1.0) ** 2)
+
+  @jax.jit
+  def step(params, state):
+    seeds, state = es.ask(state)
+    population = jax.vmap(es.perturb, in_axes=(None, 0, 0))(params, *es.individuals(seeds))
+    updates, state = es.update(jax.vmap(loss)(population), state, params)
+    return optax.apply_updates(params, updates), state
+
+  state = es.init(params)
+  start = float(loss(params))
+  for _ in range(60):
+    params, state = step(params, state)
+  assert float(loss(params)) < 0.3 * start
+
+
+def test_es_improves_an_nnx_model(rng):
+  x = jnp.asarray(rng.normal(size=(32, 4)), jnp.float32)
+  y = jnp.sin(x @ jnp.asarray(rng.normal(size=(4, 1)), jnp.float32))
+  model = nnx.Sequential(nnx.Linear(4, 16, rngs=nnx.Rngs(0)), nnx.tanh,
+                         nnx.LayerNorm(16, rngs=nnx.Rngs(0)), nnx.Linear(16, 1, rngs=nnx.Rngs(1)))
+  es = evolution_strategy(0.05, optax.adam(0.03), pop_size=64, fitness_shaping="z_score")
+  mse = lambda m: jnp.mean((m(x) - y) ** 2)
+
+  @nnx.jit
+  def step(model, state):
+    seeds, state = es.ask(state)
+    fitness = es.evaluate(model, seeds, lambda m: -mse(m))
+    updates, state = es.update(fitness, state, model)
+    nnx.update(model, optax.apply_updates(nnx.state(model, nnx.Param), updates))
+    return state
+
+  state = es.init(model)
+  start = float(mse(model))
+  for _ in range(40):
+    state = step(model, state)
+  assert float(mse(model)) < 0.5 * start
+
+
+def test_perturb_matches_perturb_params(rng):
+  params = random_params(rng)
+  es = evolution_strategy(0.3, optax.sgd(0.1), pop_size=4, kind="normal")
+  seeds = es.ask(es.init(params))[0]
+  got = jax.jit(es.perturb)(params, seeds[2], -1.0)
+  want = jax.jit(lambda p, s: perturb_params(p, s, 0.3, sign=-1.0, kind="normal"))(params,
+                                                                                  seeds[2])
+  for name in ("w", "b"):
+    np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_validation():
+  with pytest.raises(ValueError, match="even"):
+    evolution_strategy(0.1, optax.sgd(0.1), pop_size=5)
+  with pytest.raises(ValueError, match="fitness_shaping"):
+    evolution_strategy(0.1, optax.sgd(0.1), pop_size=4, fitness_shaping="ranks")
+  with pytest.raises(ValueError, match="nonfinite"):
+    evolution_strategy(0.1, optax.sgd(0.1), pop_size=4, nonfinite="ignore")
+  with pytest.raises(ValueError, match="sigma"):
+    evolution_strategy(0.0, optax.sgd(0.1), pop_size=4)
+  with pytest.raises(TypeError, match="optimizer"):
+    evolution_strategy(0.1, "adam", pop_size=4)
+  with pytest.raises(ValueError, match="implementation"):
+    evolution_strategy(0.1, optax.sgd(0.1), pop_size=4, implementation="cuda")
+  es = evolution_strategy(0.1, optax.sgd(0.1), pop_size=4)
+  params = {"w": jnp.zeros(3)}
+  with pytest.raises(ValueError, match=r"fitness must have shape \(4,\)"):
+    es.update(jnp.zeros(5), es.init(params), params)
+  with pytest.raises(TypeError, match="fitness"):
+    es.update(jnp.zeros(4, jnp.int32), es.init(params), params)
+
+
+# ----------------------------------------------------------------------------
+# The README example.
+
+
+def test_minimal_example_trains_well_above_chance():
+  pytest.importorskip("sklearn")
+  env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+  result = subprocess.run([sys.executable, str(REPO / "examples" / "es_nnx_minimal.py")],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+  assert result.returncode == 0, result.stderr[-3000:]
+  accuracy = float(re.search(r"test accuracy .*: ([0-9.]+)", result.stdout).group(1))
+  assert accuracy > 0.6, result.stdout  # chance is 0.1
+  assert len((REPO / "examples" / "es_nnx_minimal.py").read_text().splitlines()) < 30
