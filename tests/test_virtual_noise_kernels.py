@@ -1,0 +1,307 @@
+"""Pallas kernels of the virtual-noise ops against the pure-JAX reference.
+
+On CPU the kernels run through Pallas's interpreter (``implementation=
+"interpret"``); on a GPU the same tests also run compiled (``"pallas"``).
+The noise is compared bit for bit (identity inputs, one-hot fitness), outputs
+to per-dtype float tolerance, on odd shapes, for every kind, dtype and
+antithetic setting, and under several tile configs.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxnoise
+from jaxnoise import noise as noise_lib
+from jaxnoise.ops import autotune
+from jaxnoise.ops.virtual_noise import config as config_lib
+from jaxnoise.ops.virtual_noise import pallas_triton
+from jaxnoise.ops.virtual_noise import tuning
+
+KINDS = ("uniform", "rademacher", "normal")
+IMPLEMENTATIONS = ["interpret"] + (["pallas"] if jax.default_backend() == "gpu" else [])
+# Relative max error against the float32 reference, by input dtype. The kernel
+# feeds bfloat16 / float16 noise to the matrix units; float32 uses IEEE products
+# in these tests (tf32=False) so the bound is float32 rounding.
+TOLERANCE = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 5e-3}
+IEEE = config_lib.PerturbedLinearConfig(tf32=False)
+
+
+def _rel_err(value, ref):
+  value = np.asarray(value, np.float64)
+  ref = np.asarray(ref, np.float64)
+  assert np.all(np.isfinite(value)), "kernel output has non-finite values"
+  return float(np.abs(value - ref).max() / np.abs(ref).max())
+
+
+def _seeds(rng, pop):
+  return jnp.asarray(rng.integers(0, 2**32, pop, dtype=np.uint64).astype(np.uint32))
+
+
+def _normal(rng, shape, dtype):
+  return jnp.asarray(rng.normal(size=shape), jnp.float32).astype(dtype)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("offset", [3, 2**32 - 50, 2**37 - 999])
+def test_noise_bit_for_bit(rng, implementation, kind, offset):
+  """Identity x exposes N_i in the forward; a one-hot fitness returns it from the gradient."""
+  pop, out_features, in_features = 4, 11, 37
+  seeds = _seeds(rng, pop)
+  expected = np.asarray(jaxnoise.virtual_noise(seeds, (out_features, in_features), offset,
+                                               kind=kind))
+  y = jaxnoise.virtual_perturbed_linear(
+      jnp.eye(in_features), jnp.zeros((out_features, in_features)), None, seeds, 1.0, offset,
+      kind=kind, implementation=implementation, config=IEEE)
+  np.testing.assert_array_equal(np.transpose(np.asarray(y), (0, 2, 1)), expected)
+  member = int(rng.integers(pop))
+  one_hot = jnp.zeros((pop,)).at[member].set(1.0)
+  # pop_size * sigma == 1: the estimate is N_member exactly.
+  grad = jaxnoise.virtual_weight_gradient(one_hot, seeds, (out_features, in_features), 0.25,
+                                          None, offset, kind=kind,
+                                          implementation=implementation)
+  np.testing.assert_array_equal(np.asarray(grad), expected[member])
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shared_x", [True, False])
+def test_linear_matches_reference(rng, implementation, kind, antithetic, dtype, shared_x):
+  pop, batch, out_features, in_features = 6, 5, 37, 70
+  x_shape = (batch, in_features) if shared_x else (pop, batch, in_features)
+  x = _normal(rng, x_shape, dtype)
+  weight = _normal(rng, (out_features, in_features), "float32" if dtype == "float32" else dtype)
+  bias = _normal(rng, (out_features,), "float32")
+  seeds = _seeds(rng, pop)
+  op = functools.partial(jaxnoise.virtual_perturbed_linear, x, weight, bias, seeds, 0.05, 5,
+                         kind=kind, antithetic=antithetic)
+  ref = op(implementation="reference")
+  out = op(implementation=implementation, config=IEEE if dtype == "float32" else None)
+  assert out.shape == (pop, batch, out_features)
+  assert _rel_err(out, ref) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("kind", ["uniform", "rademacher"])
+@pytest.mark.parametrize("in_features", [64, 70])
+@pytest.mark.parametrize("config", [
+    config_lib.PerturbedLinearConfig(16, 16, 32, 2, tf32=False),
+    config_lib.PerturbedLinearConfig(32, 128, 64, 4, tf32=False),
+    config_lib.PerturbedLinearConfig(64, 32, 128, 8, num_stages=2, tf32=False),
+], ids=["16x16x32", "32x128x64", "64x32x128"])
+def test_linear_tilings_agree(rng, implementation, kind, in_features, config):
+  """The output does not depend on the tiling (aligned and unaligned rows)."""
+  pop, batch, out_features = 4, 19, 45
+  x = _normal(rng, (batch, in_features), "float32")
+  weight = _normal(rng, (out_features, in_features), "float32")
+  seeds = _seeds(rng, pop)
+  op = functools.partial(jaxnoise.virtual_perturbed_linear, x, weight, None, seeds, 0.1, 96,
+                         kind=kind)
+  assert _rel_err(op(implementation=implementation, config=config),
+                  op(implementation="reference")) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("kind", ["uniform", "rademacher"])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("shared_x", [True, False])
+def test_linear_gradients_match_reference(rng, implementation, kind, antithetic, shared_x):
+  """The custom VJP (noise regenerated in the input-gradient kernel) against the reference."""
+  pop, batch, out_features, in_features = 4, 3, 21, 40
+  x = _normal(rng, (batch, in_features) if shared_x else (pop, batch, in_features), "float32")
+  weight = _normal(rng, (out_features, in_features), "float32")
+  bias = _normal(rng, (out_features,), "float32")
+  seeds = _seeds(rng, pop)
+
+  def loss(x, weight, bias, sigma, implementation):
+    y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, sigma, 7, kind=kind,
+                                          antithetic=antithetic, implementation=implementation,
+                                          config=None if implementation == "reference" else IEEE)
+    return jnp.sum(jnp.sin(y))
+
+  grad = jax.grad(loss, argnums=(0, 1, 2, 3))
+  for got, want in zip(grad(x, weight, bias, 0.3, implementation),
+                       grad(x, weight, bias, 0.3, "reference")):
+    assert _rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_input_grad_kernel_tilings(rng, implementation):
+  pop, batch, out_features, in_features = 6, 9, 50, 70
+  grad_out = _normal(rng, (pop, batch, out_features), "float32")
+  weight = _normal(rng, (out_features, in_features), "float32")
+  seeds = _seeds(rng, pop)
+  kind = noise_lib.get_kind("rademacher")
+  from jaxnoise.ops.virtual_noise import reference  # pylint: disable=g-import-not-at-top
+  for shared_x in (True, False):
+    want = reference.perturbed_linear_input_grad_reference(
+        grad_out, weight, seeds, jnp.float32(0.2), 3, kind=kind, antithetic=True,
+        shared_x=shared_x)
+    for config in (config_lib.PerturbedLinearConfig(16, 16, 32, 2, tf32=False),
+                   config_lib.PerturbedLinearConfig(16, 64, 64, 4, tf32=False),
+                   config_lib.PerturbedLinearConfig(32, 32, 128, 4, tf32=False)):
+      got = pallas_triton.perturbed_linear_input_grad(
+          grad_out, weight, seeds, jnp.float32(0.2), 3, kind=kind, antithetic=True,
+          shared_x=shared_x, config=config, interpret=implementation == "interpret")
+      assert _rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("offset", [5, 2**32 - 300])
+def test_flat_ops_match_reference(rng, implementation, kind, antithetic, offset):
+  pop = 10
+  fitness = _normal(rng, (pop,), "float32")
+  seeds = _seeds(rng, pop)
+  kw = dict(kind=kind, antithetic=antithetic)
+  for fn, shape in ((jaxnoise.virtual_weight_gradient, (13, 45)),
+                    (jaxnoise.virtual_bias_gradient, (77,))):
+    want = fn(fitness, seeds, shape, 0.2, None, offset, implementation="reference", **kw)
+    got = fn(fitness, seeds, shape, 0.2, None, offset, implementation=implementation, **kw)
+    assert got.shape == shape
+    assert _rel_err(got, want) <= 1e-5
+  center = _normal(rng, (1234,), "float32")
+  want = jaxnoise.virtual_reduce_metric(center, seeds, 0.5, None, offset,
+                                        implementation="reference", **kw)
+  got = jaxnoise.virtual_reduce_metric(center, seeds, 0.5, None, offset,
+                                       implementation=implementation, **kw)
+  assert _rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_flat_ops_tilings_agree(rng, implementation):
+  pop = 9
+  fitness = _normal(rng, (pop,), "float32")
+  seeds = _seeds(rng, pop)
+  center = _normal(rng, (3001,), "float32")
+  for kind in ("uniform", "rademacher"):
+    want_grad = jaxnoise.virtual_weight_gradient(fitness, seeds, (31, 97), 0.1, None, 17,
+                                                 kind=kind, implementation="reference")
+    want_metric = jaxnoise.virtual_reduce_metric(center, seeds, 0.1, None, 17, kind=kind,
+                                                 implementation="reference")
+    for config in (config_lib.NoiseGradientConfig(8, 1, 2), config_lib.NoiseGradientConfig(32, 3),
+                   config_lib.NoiseGradientConfig(128, 9, 8, num_stages=1)):
+      got = jaxnoise.virtual_weight_gradient(fitness, seeds, (31, 97), 0.1, None, 17, kind=kind,
+                                             implementation=implementation, config=config)
+      assert _rel_err(got, want_grad) <= 1e-5
+    for config in (config_lib.ReduceMetricConfig(8, 1, 1, 2), config_lib.ReduceMetricConfig(16, 4, 3),
+                   config_lib.ReduceMetricConfig(64, 8, 2, 8, num_stages=1)):
+      got = jaxnoise.virtual_reduce_metric(center, seeds, 0.1, None, 17, kind=kind,
+                                           implementation=implementation, config=config)
+      assert _rel_err(got, want_metric) <= 1e-5
+
+
+def test_configs_reject_what_the_gpu_cannot_compile():
+  with pytest.raises(ValueError, match="block_out"):
+    config_lib.PerturbedLinearConfig(block_out=48).validate()
+  with pytest.raises(ValueError, match="block_in"):
+    config_lib.PerturbedLinearConfig(block_in=16).validate()
+  with pytest.raises(ValueError, match="num_warps"):
+    config_lib.PerturbedLinearConfig(num_warps=3).validate()
+  with pytest.raises(ValueError, match="block_rows"):
+    config_lib.NoiseGradientConfig(block_rows=24).validate()
+  with pytest.raises(ValueError, match="individuals_per_program"):
+    config_lib.ReduceMetricConfig(individuals_per_program=3).validate()
+  x, weight = jnp.ones((2, 40)), jnp.ones((3, 40))
+  with pytest.raises(ValueError, match="block_batch"):
+    jaxnoise.virtual_perturbed_linear(x, weight, None, jnp.arange(2), 0.1,
+                                      implementation="interpret",
+                                      config=config_lib.PerturbedLinearConfig(block_batch=8))
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU error")
+def test_pallas_without_gpu_is_a_clear_error():
+  with pytest.raises(ValueError, match="needs a GPU"):
+    jaxnoise.virtual_reduce_metric(jnp.ones(4), jnp.arange(2), 0.1, implementation="pallas")
+
+
+def test_autotune_screen_excludes_a_wrong_config_and_records_it(rng, monkeypatch):
+  """A candidate whose output disagrees with the reference is excluded, with its deviation."""
+  autotune.clear()
+  good = config_lib.PerturbedLinearConfig(16, 64, 64, 4)
+  bad = config_lib.PerturbedLinearConfig(16, 32, 64, 4)
+  real = pallas_triton.perturbed_linear
+
+  def corrupted_when_bad(*args, config=None, **kwargs):
+    out = real(*args, config=config, **kwargs)
+    return out.at[..., 0].add(1.0) if config == bad else out
+
+  monkeypatch.setattr(pallas_triton, "perturbed_linear", corrupted_when_bad)
+  x = _normal(rng, (5, 70), "float32")
+  weight = _normal(rng, (37, 70), "float32")
+  seeds = _seeds(rng, 4)
+  record = tuning.tune_perturbed_linear(x, weight, None, seeds, 0.1, implementation="interpret",
+                                        candidates=[bad, good], repeats=1)
+  by_config = {c.config: c for c in record.candidates}
+  assert by_config[bad].status == "excluded" and by_config[bad].deviation > record.tolerance
+  assert by_config[good].status == "selected" and by_config[good].deviation <= record.tolerance
+  assert record.selected == good and record.excluded == (by_config[bad],)
+  assert autotune.records()[-1] is record
+
+  used = []
+
+  def spy(*args, config=None, **kwargs):
+    used.append(config)
+    return real(*args, config=config, **kwargs)
+
+  monkeypatch.setattr(pallas_triton, "perturbed_linear", spy)
+  jax.jit(functools.partial(jaxnoise.virtual_perturbed_linear, implementation="interpret"))(
+      x, weight, None, seeds, 0.1)
+  assert used == [good]  # the tuned config, found under jit
+  autotune.clear()
+  used.clear()
+  jaxnoise.virtual_perturbed_linear(x, weight, None, seeds, 0.1, implementation="interpret")
+  assert used == [None]  # untuned again: the kernel takes its heuristic config
+
+
+def test_autotune_raises_when_every_candidate_fails(rng):
+  autotune.clear()
+  center = _normal(rng, (500,), "float32")
+  seeds = _seeds(rng, 4)
+  with pytest.raises(RuntimeError, match="no candidate passed"):
+    tuning.tune_reduce_metric(center, seeds, 0.1, implementation="interpret",
+                              candidates=[None], tolerance=-1.0, repeats=1)
+  (record,) = autotune.records()
+  assert record.selected is None and record.candidates[0].status == "excluded"
+  autotune.clear()
+
+
+def test_reference_never_holds_the_population_noise():
+  """The reference builds the noise a chunk of individuals at a time."""
+  pop, batch, out_features, in_features = 512, 4, 256, 512
+  args = (jnp.ones((batch, in_features)), jnp.ones((out_features, in_features)), None,
+          jnp.arange(pop, dtype=jnp.uint32), 0.1)
+  fn = jax.jit(functools.partial(jaxnoise.virtual_perturbed_linear, implementation="reference"))
+  stats = fn.lower(*args).compile().memory_analysis()
+  noise_bytes = pop * out_features * in_features * 4
+  assert stats.temp_size_in_bytes < noise_bytes // 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear", "gradient", "metric"])
+def test_compiled_kernels_hold_no_population_noise(op):
+  """The compiled executable has no (pop, out, in) buffer (GPU only)."""
+  pop, batch, out_features, in_features = 256, 8, 512, 512
+  noise_bytes = pop * out_features * in_features * 4
+  seeds = jnp.arange(pop, dtype=jnp.uint32)
+  if op == "linear":
+    fn = jax.jit(functools.partial(jaxnoise.virtual_perturbed_linear, implementation="pallas"))
+    args = (jnp.ones((batch, in_features), jnp.bfloat16),
+            jnp.ones((out_features, in_features), jnp.bfloat16), None, seeds, 0.1)
+  elif op == "gradient":
+    fn = jax.jit(lambda f: jaxnoise.virtual_weight_gradient(
+        f, seeds, (out_features, in_features), 0.1, implementation="pallas"))
+    args = (jnp.ones((pop,)),)
+  else:
+    fn = jax.jit(lambda c: jaxnoise.virtual_reduce_metric(c, seeds, 0.1, implementation="pallas"))
+    args = (jnp.ones((out_features * in_features,)),)
+  stats = fn.lower(*args).compile().memory_analysis()
+  assert stats.temp_size_in_bytes < noise_bytes // 8
