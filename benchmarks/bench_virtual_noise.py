@@ -543,7 +543,7 @@ def plot(out_dir):
   rows = [r for r in payload["results"] if r.get("case", "").startswith("linear")
           and "kernel_ms" in r and not r["antithetic"]]
   labels = sorted({(r["shape"], r["dtype"]) for r in rows})
-  fig, ax = plt.subplots(figsize=(12, 5))
+  fig, ax = plt.subplots(figsize=(13, 6))
   width = 0.15
   series = [("pure JAX", lambda r: r.get("pure_jax_ms")),
             ("GEMM floor", lambda r: r.get("gemm_floor_ms"))] + [
@@ -557,7 +557,7 @@ def plot(out_dir):
       values.append(min(candidates) if candidates else 0.0)
     ax.bar(np.arange(len(labels)) + index * width, values, width, label=label)
   ax.set_xticks(np.arange(len(labels)) + 2 * width)
-  ax.set_xticklabels([f"{s}\n{d}" for s, d in labels], fontsize=7)
+  ax.set_xticklabels([f"{s} {d}" for s, d in labels], fontsize=7, rotation=25, ha="right")
   ax.set_yscale("log")
   ax.set_ylabel("ms (median)")
   ax.set_title(f"virtual_perturbed_linear, {payload['facts']['device']}, "
