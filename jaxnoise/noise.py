@@ -373,7 +373,15 @@ def as_seeds(seeds: Any, name: str = "seeds") -> jax.Array:
     ``(pop,)`` uint32 array.
   """
   if isinstance(seeds, (list, tuple)):
-    seeds = np.asarray([int(s) & _MASK32 for s in seeds], dtype=np.uint32)
+    # operator.index, not int(): int() would truncate floats. Bools are ints to Python.
+    for s in seeds:
+      if isinstance(s, bool) or not _is_integer_scalar(s):
+        raise TypeError(
+            f"{name} must be integers (uint32 preferred; signed ints wrap modulo 2**32), "
+            f"got an element of type {type(s).__name__} in a {type(seeds).__name__} of "
+            f"length {len(seeds)}"
+        )
+    seeds = np.asarray([operator.index(s) & _MASK32 for s in seeds], dtype=np.uint32)
   dtype = getattr(seeds, "dtype", None)
   if dtype is None:
     seeds = np.asarray(seeds)
@@ -495,7 +503,9 @@ def virtual_noise(
 
 
 def check_offset(offset: Any, name: str = "offset") -> int:
-  """Offsets are non-negative Python ints below 2**64."""
+  """Offsets are non-negative Python ints below 2**64 (bools are rejected)."""
+  if isinstance(offset, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a Python int (a static element index), got bool")
   try:
     value = operator.index(offset)
   except TypeError:
@@ -505,6 +515,15 @@ def check_offset(offset: Any, name: str = "offset") -> int:
   if value < 0 or value >= 1 << 64:
     raise ValueError(f"{name} must be in [0, 2**64), got {value}")
   return value
+
+
+def _is_integer_scalar(value: Any) -> bool:
+  """An int-like scalar (Python / numpy / 0-d array int), not a float or bool."""
+  try:
+    operator.index(value)
+  except TypeError:
+    return False
+  return True
 
 
 def _check_even(pop_size: int) -> None:

@@ -52,6 +52,10 @@ def check_float_array(value: Any, name: str, ndims: tuple[int, ...],
   if dtype is None:
     value = jnp.asarray(value, jnp.float32)
     dtype = value.dtype
+  if np.dtype(dtype) == np.float64 and not jax.config.jax_enable_x64:
+    # What jnp.asarray does with float64 data when x64 is off: float32.
+    value = jnp.asarray(value, jnp.float32)
+    dtype = value.dtype
   if jnp.dtype(dtype) not in dtypes:
     names = ", ".join(str(d) for d in dtypes)
     raise TypeError(f"{name} must have dtype in ({names}), got {describe(value)}")
