@@ -7,7 +7,6 @@ to per-dtype float tolerance, on odd shapes, for every kind, dtype and
 antithetic setting, and under several tile configs.
 """
 
-import dataclasses
 import functools
 
 import jax

@@ -24,7 +24,6 @@ import threading
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxnoise import batching

@@ -23,7 +23,6 @@ the output, so no dense ``(out, in)`` array is formed). Feed those to
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxnoise.ops import _common
 from jaxnoise.ops.ternary import api as ternary_ops
 
 __all__ = [
@@ -174,8 +174,8 @@ class TernaryLinear(nnx.Module):
       implementation: str = "auto",
       rngs: nnx.Rngs,
   ):
-    in_features = _positive_int(in_features, "in_features")
-    out_features = _positive_int(out_features, "out_features")
+    in_features = _common.check_positive_int(in_features, "in_features")
+    out_features = _common.check_positive_int(out_features, "out_features")
     if in_features % 4:
       raise ValueError(
           f"in_features must be a multiple of 4 (4 codes pack into 3 bytes), got {in_features}")
@@ -211,16 +211,6 @@ class TernaryLinear(nnx.Module):
     return ternary_ops.ternary_decode(self.codes.get_value(), self.scale.get_value(), C=self.C,
                                       dtype=dtype,
                                       implementation=self.implementation)
-
-
-def _positive_int(value: Any, name: str) -> int:
-  try:
-    value = operator.index(value)
-  except TypeError:
-    raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-  if value <= 0:
-    raise ValueError(f"{name} must be positive, got {value}")
-  return value
 
 
 # ----------------------------------------------------------------------------

@@ -370,9 +370,8 @@ def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, 
   kind = noise_lib.get_kind(kind)
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":
-    fn = (reference.weight_gradient_reference if len(shape) == 2
-          else reference.bias_gradient_reference)
-    return fn(fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic)
+    return reference.noise_gradient_reference(fitness, seeds, shape, sigma, pop_size, offset,
+                                              kind=kind, antithetic=antithetic)
   if config is None:
     key = config_lib.noise_gradient_key(implementation, seeds.shape[0], shape, kind, antithetic,
                                         offset)

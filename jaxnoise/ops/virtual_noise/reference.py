@@ -159,10 +159,17 @@ def _paired_fitness(fitness, seeds, antithetic):
   return fitness, seeds
 
 
-def weight_gradient_reference(
+def _block_noise(seeds, offset, shape, kind):
+  """``(c, *shape)`` noise of a 1-D or 2-D block for a chunk of seeds ``(c,)``."""
+  if len(shape) == 2:
+    return _weight_noise(seeds, offset, shape, kind)
+  return _vector_noise(seeds, offset, shape[0], kind)
+
+
+def noise_gradient_reference(
     fitness: jax.Array,
     seeds: jax.Array,
-    weight_shape: tuple[int, int],
+    shape: tuple[int, ...],
     sigma: jax.Array,
     pop_size: int,
     offset: int,
@@ -171,45 +178,22 @@ def weight_gradient_reference(
     antithetic: bool,
     chunk_size: int | None = None,
 ) -> jax.Array:
-  """``sum_i fitness_i s_i N_i / (pop_size * sigma)``, shape ``weight_shape``."""
+  """``sum_i fitness_i s_i N_i / (pop_size * sigma)`` for a 2-D weight or 1-D bias block."""
   weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
   n = pair_seeds.shape[0]
-  chunk = chunk_size_for(n, math.prod(weight_shape), chunk_size)
+  chunk = chunk_size_for(n, math.prod(shape), chunk_size)
 
   def partial(f_c, seed_c):
-    return jnp.tensordot(f_c, _weight_noise(seed_c, offset, weight_shape, kind), axes=1,
+    return jnp.tensordot(f_c, _block_noise(seed_c, offset, shape, kind), axes=1,
                          precision=_HIGHEST)
 
-  init = jnp.zeros(weight_shape, jnp.float32)
-  total = _sum_chunks(partial, chunk, n, init, weights, pair_seeds)
+  total = _sum_chunks(partial, chunk, n, jnp.zeros(shape, jnp.float32), weights, pair_seeds)
   return total / (jnp.float32(pop_size) * jnp.asarray(sigma, jnp.float32))
 
 
-def bias_gradient_reference(
-    fitness: jax.Array,
-    seeds: jax.Array,
-    bias_shape: tuple[int],
-    sigma: jax.Array,
-    pop_size: int,
-    offset: int,
-    *,
-    kind: noise_lib.NoiseKind,
-    antithetic: bool,
-    chunk_size: int | None = None,
-) -> jax.Array:
-  """``sum_i fitness_i s_i nb_i / (pop_size * sigma)``, shape ``bias_shape``."""
-  weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
-  n = pair_seeds.shape[0]
-  (length,) = bias_shape
-  chunk = chunk_size_for(n, length, chunk_size)
-
-  def partial(f_c, seed_c):
-    return jnp.tensordot(f_c, _vector_noise(seed_c, offset, length, kind), axes=1,
-                         precision=_HIGHEST)
-
-  init = jnp.zeros((length,), jnp.float32)
-  total = _sum_chunks(partial, chunk, n, init, weights, pair_seeds)
-  return total / (jnp.float32(pop_size) * jnp.asarray(sigma, jnp.float32))
+# The seed document's two names for the same estimate.
+weight_gradient_reference = noise_gradient_reference
+bias_gradient_reference = noise_gradient_reference
 
 
 def reduce_metric_reference(
