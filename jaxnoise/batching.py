@@ -216,19 +216,19 @@ def _population_linear_rule(spec: _LinearSpec, axis_size, in_batched, x, weight,
 @functools.lru_cache(maxsize=None)
 def _population_linear(spec: _LinearSpec):
   """``custom_vjp(custom_vmap(body))`` for one static configuration."""
-  body = functools.partial(_population_linear_body, spec)
-  batched = jax.custom_batching.custom_vmap(body)
-  batched.def_vmap(functools.partial(_population_linear_rule, spec))
-  return _with_vjp_of(batched, body)
+  return _batched_and_differentiable(spec, _population_linear_body, _population_linear_rule)
 
 
-def _with_vjp_of(batched, body):
-  """Wrap ``batched`` in a custom_vjp whose backward pass is the VJP of ``body``.
+def _batched_and_differentiable(spec, body_fn, rule_fn):
+  """``custom_vjp(custom_vmap(body))`` with ``body_fn`` / ``rule_fn`` bound to ``spec``.
 
-  ``batched`` (the custom_vmap function) and ``body`` compute the same values;
-  the forward pass keeps the custom batching, the backward pass differentiates
-  the plain computation (the ops' own custom VJPs regenerate the noise).
+  The custom_vmap function and ``body`` compute the same values; the forward
+  pass keeps the custom batching, the backward pass is the VJP of the plain
+  computation (the ops' own custom VJPs regenerate the noise).
   """
+  body = functools.partial(body_fn, spec)
+  batched = jax.custom_batching.custom_vmap(body)
+  batched.def_vmap(functools.partial(rule_fn, spec))
   differentiable = jax.custom_vjp(batched)
 
   def forward(*args):
@@ -398,10 +398,7 @@ def _member_linear_rule(spec: _LinearSpec, axis_size, in_batched, x, weight, bia
 
 @functools.lru_cache(maxsize=None)
 def _member_linear(spec: _LinearSpec):
-  body = functools.partial(_member_linear_body, spec)
-  batched = jax.custom_batching.custom_vmap(body)
-  batched.def_vmap(functools.partial(_member_linear_rule, spec))
-  return _with_vjp_of(batched, body)
+  return _batched_and_differentiable(spec, _member_linear_body, _member_linear_rule)
 
 
 def antithetic_member_linear(x, weight, bias, seed, sign, sigma, offset=0, *,
@@ -452,10 +449,7 @@ def _population_metric_rule(spec: _MetricSpec, axis_size, in_batched, center, se
 
 @functools.lru_cache(maxsize=None)
 def _population_metric(spec: _MetricSpec):
-  body = functools.partial(_population_metric_body, spec)
-  batched = jax.custom_batching.custom_vmap(body)
-  batched.def_vmap(functools.partial(_population_metric_rule, spec))
-  return _with_vjp_of(batched, body)
+  return _batched_and_differentiable(spec, _population_metric_body, _population_metric_rule)
 
 
 def reduce_metric(
