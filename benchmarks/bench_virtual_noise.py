@@ -195,6 +195,8 @@ def check(args, results, budget):
     return
 
   # 2. Perturbed linear, input gradient: kernel vs reference, several configs.
+  if args.skip_linear:
+    shapes = []
   tolerances = {"f32": 2e-5, "bf16": 3e-2, "f16": 5e-3}
   for shape_index, (pop, batch, out_features, in_features, shared) in enumerate(shapes):
     for dtype_name in ("f32", "bf16", "f16"):
@@ -444,6 +446,10 @@ def sweep(args, results, budget):
 
 
 def bench(args, results, budget):
+  def run_case(results, name, fn, budget):
+    if args.only is None or args.only in name:
+      _harness.run_case(results, name, fn, budget)
+
   shapes = QUICK_LINEAR_SHAPES if args.quick else LINEAR_SHAPES
   for shape in shapes:
     for dtype_name in ("bf16", "f32"):
@@ -452,7 +458,7 @@ def bench(args, results, budget):
           if dtype_name == "f32" and (antithetic or kind == "normal") and not args.all_baselines:
             continue
           baselines = kind == "uniform" and not antithetic or args.all_baselines
-          _harness.run_case(
+          run_case(
               results, f"linear {shape[0]} {dtype_name} {kind} anti={antithetic}",
               functools.partial(time_linear, args, shape, dtype_name, kind, antithetic, None,
                                 baselines), budget)
@@ -460,14 +466,14 @@ def bench(args, results, budget):
   for pop, shape in grad_cases:
     for kind in KINDS:
       for antithetic in (False, True):
-        _harness.run_case(results, f"gradient {pop}x{shape} {kind} anti={antithetic}",
+        run_case(results, f"gradient {pop}x{shape} {kind} anti={antithetic}",
                           functools.partial(time_gradient, args, pop, shape, kind, antithetic),
                           budget)
   metric_cases = [(1024, 1 << 20)] if not args.quick else [(8, 3000)]
   for pop, n_params in metric_cases:
     for kind in KINDS:
       for antithetic in (False, True):
-        _harness.run_case(
+        run_case(
             results, f"reduce-metric {pop}x{n_params} {kind} anti={antithetic}",
             functools.partial(time_reduce_metric, args, pop, n_params, kind, antithetic),
             budget)
@@ -503,6 +509,10 @@ def main(argv=None):
   parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU interpret mode)")
   parser.add_argument("--skip-noise-bits", action="store_true",
                       help="skip the noise bit-for-bit checks (identity x, one-hot fitness)")
+  parser.add_argument("--only", default=None,
+                      help="--bench: only the cases whose name contains this text")
+  parser.add_argument("--skip-linear", action="store_true",
+                      help="--check without the perturbed-linear cases (section 2)")
   parser.add_argument("--high-offsets", action="store_true",
                       help="check the noise bits at offsets near 2**32 and 2**37 only")
   parser.add_argument("--all-baselines", action="store_true",

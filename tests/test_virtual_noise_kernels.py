@@ -65,6 +65,12 @@ def test_noise_bit_for_bit(rng, implementation, kind, offset):
                                           None, offset, kind=kind,
                                           implementation=implementation)
   np.testing.assert_array_equal(np.asarray(grad), expected[member])
+  if kind == "rademacher":
+    lanes = config_lib.NoiseGradientConfig(16, 2, lane_accumulators=True)
+    grad = jaxnoise.virtual_weight_gradient(one_hot, seeds, (out_features, in_features), 0.25,
+                                            None, offset, kind=kind,
+                                            implementation=implementation, config=lanes)
+    np.testing.assert_array_equal(np.asarray(grad), expected[member])
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
@@ -126,9 +132,12 @@ def test_linear_gradients_match_reference(rng, implementation, kind, antithetic,
     return jnp.sum(jnp.sin(y))
 
   grad = jax.grad(loss, argnums=(0, 1, 2, 3))
-  for got, want in zip(grad(x, weight, bias, 0.3, implementation),
-                       grad(x, weight, bias, 0.3, "reference")):
-    assert _rel_err(got, want) <= 1e-5
+  # d/dsigma is one scalar sum over every output, with cancellation: its
+  # float32 rounding is relative to the sum of |terms|, not to the result.
+  tolerances = {"x": 1e-5, "weight": 1e-5, "bias": 1e-5, "sigma": 5e-5}
+  for name, got, want in zip(tolerances, grad(x, weight, bias, 0.3, implementation),
+                             grad(x, weight, bias, 0.3, "reference")):
+    assert _rel_err(got, want) <= tolerances[name], name
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
@@ -187,7 +196,11 @@ def test_flat_ops_tilings_agree(rng, implementation):
     want_metric = jaxnoise.virtual_reduce_metric(center, seeds, 0.1, None, 17, kind=kind,
                                                  implementation="reference")
     for config in (config_lib.NoiseGradientConfig(8, 1, 2), config_lib.NoiseGradientConfig(32, 3),
-                   config_lib.NoiseGradientConfig(128, 9, 8, num_stages=1)):
+                   config_lib.NoiseGradientConfig(128, 9, 8, num_stages=1),
+                   config_lib.NoiseGradientConfig(16, 2, individuals_per_step=4),
+                   config_lib.NoiseGradientConfig(16, 2, 4, individuals_per_step=2,
+                                                  lane_accumulators=True),
+                   config_lib.NoiseGradientConfig(128, 1, lane_accumulators=True)):
       got = jaxnoise.virtual_weight_gradient(fitness, seeds, (31, 97), 0.1, None, 17, kind=kind,
                                              implementation=implementation, config=config)
       assert _rel_err(got, want_grad) <= 1e-5
@@ -304,3 +317,42 @@ def test_compiled_kernels_hold_no_population_noise(op):
     args = (jnp.ones((out_features * in_features,)),)
   stats = fn.lower(*args).compile().memory_analysis()
   assert stats.temp_size_in_bytes < noise_bytes // 8
+
+
+def test_kernels_lower_to_triton():
+  """Every kernel and config variant lowers through Pallas' Triton backend for CUDA.
+
+  Runs on a CPU-only machine: it catches what the interpreter accepts and the GPU
+  lowering rejects (non-power-of-2 tensors, ops the Triton lowering lacks). It
+  does not prove the Triton compiler accepts the kernel; the GPU runs do that.
+  """
+  spec = jax.ShapeDtypeStruct
+  seeds, sigma = spec((64,), jnp.uint32), spec((), jnp.float32)
+  cases = []
+  for kind_name in KINDS:
+    kind = noise_lib.get_kind(kind_name)
+    for offset in (0, 2**37 - 999):
+      for shared in (True, False):
+        x = spec((7, 70) if shared else (64, 7, 70), jnp.bfloat16)
+        cases.append((f"linear {kind_name} {offset} shared={shared}", functools.partial(
+            pallas_triton.perturbed_linear, bias=None, offset=offset, kind=kind,
+            antithetic=True, out_dtype=jnp.float32),
+            dict(x=x, weight=spec((37, 70), jnp.bfloat16), seeds=seeds, sigma=sigma)))
+        cases.append((f"input grad {kind_name} {offset} shared={shared}", functools.partial(
+            pallas_triton.perturbed_linear_input_grad, offset=offset, kind=kind,
+            antithetic=False, shared_x=shared),
+            dict(grad_out=spec((64, 7, 37), jnp.float32), weight=spec((37, 70), jnp.float32),
+                 seeds=seeds, sigma=sigma)))
+      for config in (None, config_lib.NoiseGradientConfig(128, 2, lane_accumulators=True,
+                                                          individuals_per_step=2)):
+        cases.append((f"gradient {kind_name} {offset} {config}", functools.partial(
+            pallas_triton.noise_gradient, shape=(37, 129), pop_size=64, offset=offset,
+            kind=kind, antithetic=False, config=config),
+            dict(fitness=spec((64,), jnp.float32), seeds=seeds, sigma=sigma)))
+      cases.append((f"reduce-metric {kind_name} {offset}", functools.partial(
+          pallas_triton.reduce_metric, offset=offset, kind=kind, antithetic=False),
+          dict(center=spec((5003,), jnp.float32), seeds=seeds, sigma=sigma)))
+  for name, fn, kwargs in cases:
+    text = jax.jit(lambda kw, fn=fn: fn(**kw)).trace(kwargs).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "xla.gpu.triton" in text, name

@@ -209,11 +209,28 @@ def _input_grad(static: _LinearStatic, grad_out, weight, seeds, sigma):
         grad_out, weight, seeds, sigma, static.offset, kind=static.kind,
         antithetic=static.antithetic, shared_x=static.shared_x,
     )
+  config = None
+  if not _uses_tf32(static):
+    _, batch, out_features = grad_out.shape
+    config = dataclasses.replace(
+        config_lib.input_grad_heuristics(batch, out_features, weight.shape[1], static.kind),
+        tf32=False)
   return _kernels().perturbed_linear_input_grad(
       grad_out, weight, seeds, sigma, static.offset, kind=static.kind,
-      antithetic=static.antithetic, shared_x=static.shared_x,
+      antithetic=static.antithetic, shared_x=static.shared_x, config=config,
       interpret=static.implementation == "interpret",
   )
+
+
+def _uses_tf32(static: _LinearStatic) -> bool:
+  """Whether float32 products may use TF32: the backward follows the forward's config.
+
+  The reference is exact (HIGHEST); the kernels use TF32 unless the config
+  passed to the forward says ``tf32=False``.
+  """
+  if static.implementation == "reference":
+    return False
+  return static.config is None or static.config.tf32
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -238,10 +255,11 @@ def _perturbed_linear_bwd(static, residuals, grad_out):
     grad_x = _input_grad(static, grad_out, weight, seeds, sigma).astype(x.dtype)
   if weight_p:
     x32 = x.astype(jnp.float32)
+    precision = None if _uses_tf32(static) else jax.lax.Precision.HIGHEST
     if static.shared_x:
-      grad_weight = jnp.einsum("bo,bk->ok", grad_out.sum(0), x32)
+      grad_weight = jnp.einsum("bo,bk->ok", grad_out.sum(0), x32, precision=precision)
     else:
-      grad_weight = jnp.einsum("pbo,pbk->ok", grad_out, x32)
+      grad_weight = jnp.einsum("pbo,pbk->ok", grad_out, x32, precision=precision)
     grad_weight = grad_weight.astype(weight.dtype)
   if bias is not None and bias_p:
     grad_bias = grad_out.sum((0, 1)).astype(bias.dtype)

@@ -15,10 +15,11 @@ Index bookkeeping per tile: each row of a tile knows the (64-bit) word index
 of its first element; elements add a 32-bit delta, and when some word index
 reaches 2**32 a carry selects between the keys of the row's high word and
 the next one (a row spans fewer than 2**32 words). The "rademacher" kind
-hashes one word per 32 elements and unpacks its bits across a
-``(rows, words, 32)`` tile; rows that do not start on a word boundary (``in``
-or ``offset`` not a multiple of 32) take each element's bit from one of two
-neighbouring words.
+hashes one word per 32 elements per row and each element selects its word
+and bit; rows that do not start on a word boundary (``in`` or ``offset`` not
+a multiple of 32) take each element's bit from one of two neighbouring
+words. Where the noise only flips a sign (gradient, reduce-metric), the bit
+is xor-ed into the float's sign bit instead of building +-1 and multiplying.
 """
 
 from __future__ import annotations
@@ -139,14 +140,19 @@ _ONE_BITS = {
 }
 
 
-def _signs(bits: jax.Array, dtype) -> jax.Array:
-  """``1 - 2 * bits`` (bits uint32 in {0, 1}) in ``dtype``, built from bit patterns.
+def _bit_at(words: jax.Array, lane: jax.Array, position: int) -> jax.Array:
+  """Bit ``lane`` of ``words`` moved to bit ``position``, every other bit zero (uint32)."""
+  return ((words >> lane) & _U32(1)) << _U32(position)
+
+
+def _signs(sign_bits: jax.Array, dtype) -> jax.Array:
+  """``-1.0`` where ``sign_bits`` (uint32) has the dtype's sign bit set, else ``+1.0``.
 
   Integer operations only: no int-to-float or float-to-float conversion, whose
   throughput is a quarter of the integer units' on the GPU.
   """
-  one, sign_bit, int_dtype = _ONE_BITS[jnp.dtype(dtype)]
-  pattern = (bits << sign_bit) | _U32(one)
+  one, _, int_dtype = _ONE_BITS[jnp.dtype(dtype)]
+  pattern = sign_bits | _U32(one)
   return jax.lax.bitcast_convert_type(pattern.astype(int_dtype), dtype)
 
 
@@ -176,21 +182,34 @@ def noise_tile(layout: NoiseLayout, keys, start: _RowStart, col0, n_rows: int, n
     if _prescaled(dtype):
       q = q * _F32(kind.scale)
     return q.astype(dtype)
-  per_word = kind.values_per_word
-  shift = kind.log2_values_per_word
-  n_words = n_cols // per_word
-  delta = (col0 >> shift) + jax.lax.broadcasted_iota(_U32, (1, n_words), 1)
-  words = _words(layout, keys, start, delta)[:, :, None]
-  lanes = jax.lax.broadcasted_iota(_U32, (1, 1, per_word), 2)
-  if layout.aligned:
-    bits = (words >> lanes) & _U32(1)
-  else:
-    next_words = _words(layout, keys, start, delta + _U32(1))[:, :, None]
-    position = start.lane[:, :, None] + lanes
-    word = jnp.where(position < per_word, words, next_words)
-    bits = (word >> (position & _U32(per_word - 1))) & _U32(1)
   # Same values as kind.unscaled (1 - 2 * bit), built without conversions.
-  return _signs(bits, dtype).reshape(n_rows, n_cols)
+  sign_bits = packed_sign_bits(layout, keys, start, col0 >> _U32(kind.log2_values_per_word),
+                               n_rows, n_cols, _ONE_BITS[jnp.dtype(dtype)][1])
+  return _signs(sign_bits, dtype)
+
+
+def packed_sign_bits(layout: NoiseLayout, keys, start: _RowStart, word0, n_rows: int,
+                     n_cols: int, position: int) -> jax.Array:
+  """A 32-values-per-word kind's bits at ``position``: uint32 ``(n_rows, n_cols)``.
+
+  Columns ``[32 * word0, 32 * word0 + n_cols)`` of each row (``word0`` a
+  uint32 scalar). Each row hashes the words it needs as ``(n_rows, 1)``
+  vectors and every element selects its word and lane in two dimensions (no
+  3-d ``(rows, words, 32)`` tile and reshape; on an H200 the two forms ran
+  within run-to-run noise of each other, and this one is simpler). Rows that
+  do not start on a word boundary take each element's bit from one of two
+  neighbouring words.
+  """
+  cols = jax.lax.broadcasted_iota(_U32, (1, n_cols), 1)
+  index = cols if layout.aligned else start.lane + cols
+  which = index >> _U32(5)
+  lane = index & _U32(31)
+  n_words = -(-n_cols // 32) + (0 if layout.aligned else 1)
+  word = None
+  for k in reversed(range(n_words)):
+    hashed = _words(layout, keys, start, jnp.full((1, 1), word0 + _U32(k), _U32))
+    word = hashed if word is None else jnp.where(which == _U32(k), hashed, word)
+  return _bit_at(word, lane, position)
 
 
 def _vector_noise(kind, seed, offset: int, index: jax.Array, length: int) -> jax.Array:
@@ -455,22 +474,61 @@ def _individual_keys(layout: NoiseLayout, seeds: jax.Array):
 
 
 def _noise_gradient_kernel(fitness_ref, seeds_or_mul_ref, increment_ref, out_ref, *,
-                           layout: NoiseLayout, per_split: int, n_rows: int, block_rows: int):
+                           layout: NoiseLayout, per_split: int, n_rows: int, block_rows: int,
+                           unroll: int, lane_accumulators: bool):
   row0 = pl.program_id(0) * block_rows
   rows = row0 + jax.lax.iota(jnp.int32, block_rows)
   start = _row_start(layout, rows.astype(_U32)[:, None])
   first = pl.program_id(1) * per_split
 
-  def body(position, acc):
-    individual = first + position
-    if layout.high_word:
-      keys = _stream_keys(layout, seeds_or_mul_ref[individual], start)
-    else:
-      keys = (seeds_or_mul_ref[individual], increment_ref[individual])
-    noise = noise_tile(layout, keys, start, 0, block_rows, 32)
-    return acc + fitness_ref[individual] * noise
+  def individuals(step):
+    """``(fitness, keys)`` of the ``unroll`` individuals of one loop step."""
+    for member in range(unroll):
+      individual = first + step * unroll + member
+      if layout.high_word:
+        keys = _stream_keys(layout, seeds_or_mul_ref[individual], start)
+      else:
+        keys = (seeds_or_mul_ref[individual], increment_ref[individual])
+      yield fitness_ref[individual], keys
 
-  acc = jax.lax.fori_loop(0, per_split, body, jnp.zeros((block_rows, 32), _F32))
+  packed = layout.kind.values_per_word == 32
+  if packed and lane_accumulators:
+    # One row of the tile is one word. Keeping the 32 lanes as 32 column
+    # accumulators lets each thread hash only the words of its own rows (a
+    # (rows, 32) tile spreads a row over several threads, which would each
+    # hash it); fitness * (+-1) flips fitness's sign bit where the bit is set.
+    sign = _U32(0x80000000)
+
+    def packed_body(step, accs):
+      accs = list(accs)
+      for fitness, keys in individuals(step):
+        words = _words(layout, keys, start, jnp.zeros((1, 1), _U32))
+        fitness_bits = jax.lax.bitcast_convert_type(fitness, _U32)
+        for lane in range(32):
+          flipped = fitness_bits ^ ((words << _U32(31 - lane)) & sign)
+          accs[lane] = accs[lane] + jax.lax.bitcast_convert_type(flipped, _F32)
+      return tuple(accs)
+
+    zeros = tuple(jnp.zeros((block_rows, 1), _F32) for _ in range(32))
+    accs = jax.lax.fori_loop(0, per_split // unroll, packed_body, zeros)
+    lanes = jax.lax.broadcasted_iota(jnp.int32, (1, 32), 1)
+    acc = jnp.zeros((block_rows, 32), _F32)
+    for lane in range(32):
+      acc = jnp.where(lanes == lane, accs[lane], acc)
+  else:
+
+    def body(step, acc):
+      for fitness, keys in individuals(step):
+        if packed:
+          # fitness * (+-1): flip fitness's sign bit where the noise bit is set.
+          flips = packed_sign_bits(layout, keys, start, _U32(0), block_rows, 32, 31)
+          bits = jax.lax.bitcast_convert_type(fitness, _U32) ^ flips
+          acc = acc + jax.lax.bitcast_convert_type(bits, _F32)
+        else:
+          acc = acc + fitness * noise_tile(layout, keys, start, 0, block_rows, 32)
+      return acc
+
+    acc = jax.lax.fori_loop(0, per_split // unroll, body, jnp.zeros((block_rows, 32), _F32))
   _pallas.store(out_ref.at[pl.program_id(1), pl.ds(row0, block_rows), :], acc,
                 mask=(rows < n_rows)[:, None])
 
@@ -491,7 +549,9 @@ def noise_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, anti
   config = config.validate()
   block_rows = min(config.block_rows, config_lib.next_pow2(n_rows))
   splits = max(1, min(config.pop_splits or 1, n_individuals))
+  unroll = config.individuals_per_step
   per_split = -(-n_individuals // splits)
+  per_split = -(-per_split // unroll) * unroll
   splits = -(-n_individuals // per_split)
   # Zero fitness pads the population to whole shares: a static trip count.
   pad = splits * per_split - n_individuals
@@ -499,7 +559,8 @@ def noise_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, anti
   layout = NoiseLayout.of_block(kind, base, n_rows, 32)
   keys = _individual_keys(layout, jnp.pad(seeds, (0, pad)))
   kernel = functools.partial(_noise_gradient_kernel, layout=layout, per_split=per_split,
-                             n_rows=n_rows, block_rows=block_rows)
+                             n_rows=n_rows, block_rows=block_rows, unroll=unroll,
+                             lane_accumulators=config.lane_accumulators)
   partial = _pallas.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((splits, n_rows, 32), _F32),
@@ -536,7 +597,13 @@ def _reduce_metric_kernel(center_ref, seeds_ref, sigma_ref, *out_refs, layout: N
     for member in range(group):
       keys = hoisted[member] if not layout.high_word else _stream_keys(layout, seeds[member],
                                                                         start)
-      step = factor * noise_tile(layout, keys, start, 0, block_rows, 32)
+      if layout.kind.values_per_word == 32:
+        # factor * (+-1): flip factor's sign bit where the noise bit is set.
+        flips = packed_sign_bits(layout, keys, start, _U32(0), block_rows, 32, 31)
+        step = jax.lax.bitcast_convert_type(
+            jax.lax.bitcast_convert_type(factor, _U32) ^ flips, _F32)
+      else:
+        step = factor * noise_tile(layout, keys, start, 0, block_rows, 32)
       for sign_index, sign in enumerate(signs):
         value = jnp.where(valid, jnp.abs(center + sign * step), 0.0)
         new.append(accs[member * len(signs) + sign_index] + value)
