@@ -149,6 +149,12 @@ def pure_jax_reduce_metric(center, seeds, sigma, offset, *, kind):
 # Correctness, compiled.
 
 
+def _run_case(args, results, name, fn, budget):
+  """``_harness.run_case`` for the cases whose name contains ``--only`` (all by default)."""
+  if args.only is None or args.only in name:
+    _harness.run_case(results, name, fn, budget)
+
+
 def check(args, results, budget):
   impl = args.implementation
   ieee = config_lib.PerturbedLinearConfig(tf32=False)
@@ -189,7 +195,7 @@ def check(args, results, budget):
           raise AssertionError(f"noise bits differ: forward {forward_mismatch}, "
                                f"gradient {grad_mismatch}")
         return {"forward_mismatch": forward_mismatch, "gradient_mismatch": grad_mismatch}
-      _harness.run_case(results, f"check noise bits {kind} offset={offset}", noise_bits, budget)
+      _run_case(args, results, f"check noise bits {kind} offset={offset}", noise_bits, budget)
 
   if args.high_offsets:
     return
@@ -245,7 +251,7 @@ def check(args, results, budget):
               if not err <= tolerances[dtype_name]:
                 raise AssertionError(f"rel_err {err} above {tolerances[dtype_name]}")
               return record
-            _harness.run_case(results, name, linear, budget)
+            _run_case(args, results, name, linear, budget)
 
   # 3. Gradient estimates and reduce-metric vs reference.
   for kind in KINDS:
@@ -272,8 +278,8 @@ def check(args, results, budget):
           if max(errs.values()) > 1e-5:
             raise AssertionError(f"errors {errs}")
           return errs
-        _harness.run_case(results, f"check flat ops {kind} anti={antithetic} offset={offset}",
-                          flat_ops, budget)
+        _run_case(args, results, f"check flat ops {kind} anti={antithetic} offset={offset}",
+                  flat_ops, budget)
 
   # 4. Autotuning with the correctness screen, compiled.
   def tuned():
@@ -287,7 +293,7 @@ def check(args, results, budget):
             "candidates": [{"config": dataclasses.asdict(c.config), "status": c.status,
                             "deviation": c.deviation, "ms": None if c.seconds is None
                             else 1e3 * c.seconds, "error": c.error} for c in record.candidates]}
-  _harness.run_case(results, "check autotune screen", tuned, budget)
+  _run_case(args, results, "check autotune screen", tuned, budget)
 
   # 5. No (pop, out, in) buffer in the compiled executable.
   def memory():
@@ -302,7 +308,7 @@ def check(args, results, budget):
     if temp < 0 or temp >= noise_bytes // 8:
       raise AssertionError(f"temp buffer {temp} bytes vs noise {noise_bytes}")
     return {"temp_bytes": temp, "noise_bytes_if_materialised": noise_bytes}
-  _harness.run_case(results, "check memory analysis", memory, budget)
+  _run_case(args, results, "check memory analysis", memory, budget)
 
 
 def pallas_triton_free_input_grad(grad_out, weight, seeds, shared, kw):
@@ -414,25 +420,28 @@ def sweep(args, results, budget):
       for config in linear_configs:
         if config.block_batch > max(16, config_lib.next_pow2(shape[2])) and config.block_batch > 64:
           continue
-        _harness.run_case(
-            results, f"sweep linear {shape[0]} bf16 {kind} {config}",
+        _run_case(
+            args, results, f"sweep linear {shape[0]} bf16 {kind} {config}",
             functools.partial(time_linear, args, shape, "bf16", kind, False, config, False),
             budget)
   grad_configs = [config_lib.NoiseGradientConfig(r, s, w) for r, s, w in
                   ((32, None, 4), (64, None, 4), (128, None, 4), (64, None, 8), (64, 4, 4),
                    (64, 16, 4))]
+  grad_configs += [config_lib.NoiseGradientConfig(r, None, w, individuals_per_step=u,
+                                                  lane_accumulators=True)
+                   for r, w, u in ((128, 4, 1), (128, 4, 2), (256, 8, 2), (64, 2, 2))]
   pop, shape = (1024, (1024, 1024)) if not args.quick else (8, (40, 70))
   if args.quick:
-    grad_configs = grad_configs[:2]
+    grad_configs = grad_configs[:1] + grad_configs[-1:]
   for kind in ("uniform", "rademacher"):
     for config in grad_configs:
       if config.pop_splits is None:
         config = dataclasses.replace(
             config, pop_splits=config_lib.noise_gradient_heuristics(math.prod(shape),
                                                                     pop).pop_splits)
-      _harness.run_case(results, f"sweep gradient {pop}x{shape} {kind} {config}",
-                        functools.partial(time_gradient, args, pop, shape, kind, False, config,
-                                          False), budget)
+      _run_case(args, results, f"sweep gradient {pop}x{shape} {kind} {config}",
+                functools.partial(time_gradient, args, pop, shape, kind, False, config, False),
+                budget)
   metric_configs = [config_lib.ReduceMetricConfig(r, g, None, w) for r, g, w in
                     ((32, 4, 4), (16, 4, 4), (64, 4, 8), (32, 8, 4), (32, 2, 4), (32, 1, 4))]
   pop, n_params = (1024, 1 << 20) if not args.quick else (8, 3000)
@@ -440,16 +449,12 @@ def sweep(args, results, budget):
     metric_configs = metric_configs[:2]
   for kind in ("uniform", "rademacher"):
     for config in metric_configs:
-      _harness.run_case(results, f"sweep reduce-metric {pop}x{n_params} {kind} {config}",
-                        functools.partial(time_reduce_metric, args, pop, n_params, kind, False,
-                                          config, False), budget)
+      _run_case(args, results, f"sweep reduce-metric {pop}x{n_params} {kind} {config}",
+                functools.partial(time_reduce_metric, args, pop, n_params, kind, False, config,
+                                  False), budget)
 
 
 def bench(args, results, budget):
-  def run_case(results, name, fn, budget):
-    if args.only is None or args.only in name:
-      _harness.run_case(results, name, fn, budget)
-
   shapes = QUICK_LINEAR_SHAPES if args.quick else LINEAR_SHAPES
   for shape in shapes:
     for dtype_name in ("bf16", "f32"):
@@ -458,23 +463,22 @@ def bench(args, results, budget):
           if dtype_name == "f32" and (antithetic or kind == "normal") and not args.all_baselines:
             continue
           baselines = kind == "uniform" and not antithetic or args.all_baselines
-          run_case(
-              results, f"linear {shape[0]} {dtype_name} {kind} anti={antithetic}",
+          _run_case(
+              args, results, f"linear {shape[0]} {dtype_name} {kind} anti={antithetic}",
               functools.partial(time_linear, args, shape, dtype_name, kind, antithetic, None,
                                 baselines), budget)
   grad_cases = [(1024, (1024, 1024)), (4096, (256, 768))] if not args.quick else [(8, (40, 70))]
   for pop, shape in grad_cases:
     for kind in KINDS:
       for antithetic in (False, True):
-        run_case(results, f"gradient {pop}x{shape} {kind} anti={antithetic}",
-                          functools.partial(time_gradient, args, pop, shape, kind, antithetic),
-                          budget)
+        _run_case(args, results, f"gradient {pop}x{shape} {kind} anti={antithetic}",
+                  functools.partial(time_gradient, args, pop, shape, kind, antithetic), budget)
   metric_cases = [(1024, 1 << 20)] if not args.quick else [(8, 3000)]
   for pop, n_params in metric_cases:
     for kind in KINDS:
       for antithetic in (False, True):
-        run_case(
-            results, f"reduce-metric {pop}x{n_params} {kind} anti={antithetic}",
+        _run_case(
+            args, results, f"reduce-metric {pop}x{n_params} {kind} anti={antithetic}",
             functools.partial(time_reduce_metric, args, pop, n_params, kind, antithetic),
             budget)
 
@@ -510,7 +514,7 @@ def main(argv=None):
   parser.add_argument("--skip-noise-bits", action="store_true",
                       help="skip the noise bit-for-bit checks (identity x, one-hot fitness)")
   parser.add_argument("--only", default=None,
-                      help="--bench: only the cases whose name contains this text")
+                      help="only the cases whose name contains this text")
   parser.add_argument("--skip-linear", action="store_true",
                       help="--check without the perturbed-linear cases (section 2)")
   parser.add_argument("--high-offsets", action="store_true",

@@ -1,0 +1,46 @@
+"""The benchmark scripts run end to end in their CPU ``--quick`` modes.
+
+They are the tools every GPU figure in ``benchmarks/RESULTS.md`` comes from, so
+they must not rot between GPU sessions. Each case must finish without an
+error record; the kernels run through the Pallas interpreter.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(tmp_path, script, *args):
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args,
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("--bench", "--quick", "--only", "rademacher anti=True"),
+    ("--sweep", "--quick", "--only", "gradient"),
+    ("--check", "--quick", "--skip-noise-bits", "--only", "flat ops rademacher"),
+], ids=["bench", "sweep", "check"])
+def test_virtual_noise_benchmark_quick(tmp_path, args):
+  _run(tmp_path, "bench_virtual_noise.py", *args, "--tag", "quick")
+  with open(tmp_path / "quick.json") as f:
+    results = json.load(f)["results"]
+  assert results, "no case ran"
+  errors = [r for r in results if "error" in r or "skipped" in r]
+  assert not errors, errors
+
+
+def test_es_step_benchmark_quick(tmp_path):
+  _run(tmp_path, "bench_es_step.py", "--quick")
+  with open(tmp_path / "es_step.json") as f:
+    results = json.load(f)["results"]
+  assert any(r.get("step_ms", 0) > 0 for r in results)
+  assert not [r for r in results if "error" in r]
