@@ -356,3 +356,27 @@ def test_kernels_lower_to_triton():
     text = jax.jit(lambda kw, fn=fn: fn(**kw)).trace(kwargs).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "xla.gpu.triton" in text, name
+
+
+@pytest.mark.parametrize("tf32", [False, True, None])
+def test_backward_follows_the_forwards_precision(tf32):
+  """``tf32=False`` makes every product of forward and backward IEEE float32 (HIGHEST).
+
+  Checked in the traced program: on a GPU the default would be TF32, which is what the
+  kernels use unless the forward's config says otherwise; the reference is always exact.
+  """
+  x, weight, bias = jnp.ones((3, 40)), jnp.ones((21, 40)), jnp.ones((21,))
+  seeds = jnp.arange(4, dtype=jnp.uint32)
+  implementation = "reference" if tf32 is None else "interpret"
+  config = None if tf32 is None else config_lib.PerturbedLinearConfig(tf32=tf32)
+
+  def loss(x, weight, bias):
+    return jnp.sum(jaxnoise.virtual_perturbed_linear(
+        x, weight, bias, seeds, 0.1, kind="rademacher", implementation=implementation,
+        config=config))
+
+  text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, weight, bias))
+  n_products = sum("dot_general" in line for line in text.splitlines())
+  n_highest = text.count("precision=(Precision.HIGHEST")
+  assert n_products >= 3
+  assert n_highest == (0 if tf32 else n_products)
