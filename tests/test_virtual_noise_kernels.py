@@ -16,6 +16,7 @@ import pytest
 
 import jaxnoise
 from jaxnoise import noise as noise_lib
+from jaxnoise.ops import _pallas
 from jaxnoise.ops import autotune
 from jaxnoise.ops.virtual_noise import config as config_lib
 from jaxnoise.ops.virtual_noise import pallas_triton
@@ -380,3 +381,29 @@ def test_backward_follows_the_forwards_precision(tf32):
   n_highest = text.count("precision=(Precision.HIGHEST")
   assert n_products >= 3
   assert n_highest == (0 if tf32 else n_products)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("batch", [1, 7, 64, 256, 4096])
+def test_pipelining_fits_shared_memory(monkeypatch, dtype, batch):
+  """Heuristic tiles times the chosen pipelining depth fit an H200's 232,448 bytes per block.
+
+  Every tile a kernel loads per step counts: antithetic pairs with per-individual x
+  load two input (or output-gradient) tiles per step. Triton refuses to compile a
+  kernel whose pipeline does not fit.
+  """
+  limit = 232448
+  monkeypatch.setattr(_pallas, "max_shared_memory_per_block", lambda: limit)
+  itemsize = jnp.dtype(dtype).itemsize
+  kind = noise_lib.get_kind("rademacher")
+  for products in (1, 2):
+    config = config_lib.perturbed_linear_heuristics(batch, 1024, 1024, kind, products)
+    stages = config.stages(itemsize, products)
+    tile = config.block_batch * config.block_in * itemsize
+    assert stages * products * tile + config.block_out * config.block_in * itemsize <= limit
+    # Two float32 accumulators of (block_batch, block_out) stay within 128 registers a thread.
+    assert products * config.block_batch * config.block_out <= 128 * 32 * config.num_warps
+    grad_config = config_lib.input_grad_heuristics(batch, 1024, 1024, kind)
+    stages = grad_config.input_grad_stages(products)
+    tile = grad_config.block_batch * grad_config.block_out * 4
+    assert stages * products * tile + grad_config.block_out * grad_config.block_in * 4 <= limit

@@ -72,22 +72,41 @@ class PerturbedLinearConfig:
     _check_warps_stages(self)
     return self
 
-  def stages(self, x_itemsize: int) -> int:
-    """Pipelining depth: this config's, or the deepest that fits shared memory.
+  def stages(self, x_itemsize: int, tiles_per_stage: int = 1) -> int:
+    """Forward pipelining depth: this config's, or the deepest that fits shared memory.
 
-    A stage holds one ``(block_batch, block_in)`` input tile; the noise tile,
-    made in registers, is staged once for the matrix units.
+    A stage holds ``tiles_per_stage`` ``(block_batch, block_in)`` input tiles
+    (two for antithetic pairs with per-individual x); the noise tile, made in
+    registers, is staged once for the matrix units.
     """
     if self.num_stages is not None:
       return self.num_stages
-    per_stage = self.block_batch * self.block_in * x_itemsize
+    per_stage = tiles_per_stage * self.block_batch * self.block_in * x_itemsize
     noise_tile = self.block_out * self.block_in * x_itemsize
+    return _pallas.choose_num_stages(per_stage, fixed_bytes=noise_tile)
+
+  def input_grad_stages(self, tiles_per_stage: int = 1) -> int:
+    """Input-gradient pipelining depth: this config's, or the deepest that fits.
+
+    That kernel loops over ``out``: a stage holds ``tiles_per_stage`` float32
+    ``(block_batch, block_out)`` output-gradient tiles (two for antithetic
+    pairs with per-individual x), and the float32 noise tile is
+    ``(block_out, block_in)``.
+    """
+    if self.num_stages is not None:
+      return self.num_stages
+    per_stage = tiles_per_stage * self.block_batch * self.block_out * 4
+    noise_tile = self.block_out * self.block_in * 4
     return _pallas.choose_num_stages(per_stage, fixed_bytes=noise_tile)
 
 
 def perturbed_linear_heuristics(batch: int, out_features: int, in_features: int,
-                                kind: noise_lib.NoiseKind) -> PerturbedLinearConfig:
+                                kind: noise_lib.NoiseKind,
+                                products_per_tile: int = 1) -> PerturbedLinearConfig:
   """A good untuned config: the whole batch in one tile where it fits.
+
+  ``products_per_tile`` is the number of matrix products each noise tile
+  feeds: 2 for antithetic pairs with per-individual x, else 1.
 
   Noise is regenerated once per batch tile, so covering the batch with one
   tile (up to 256 rows) keeps the hashing at one pass over ``out * in`` per
@@ -98,8 +117,11 @@ def perturbed_linear_heuristics(batch: int, out_features: int, in_features: int,
   del kind
   block_batch = min(256, max(16, next_pow2(batch)))
   # A 256-row batch tile amortises a 128-row noise tile (measured on an H200 at
-  # 1024 x 256 x 1024 x 1024 rademacher: 1.70 ms against 2.07 ms with 64 rows).
-  block_out = min(128 if block_batch >= 256 else 64, max(16, next_pow2(out_features)))
+  # 1024 x 256 x 1024 x 1024 rademacher: 1.70 ms against 2.07 ms with 64 rows),
+  # with one accumulator; two (``products_per_tile=2``: antithetic pairs with
+  # per-individual x) would need 256 float32 registers per thread.
+  wide = block_batch >= 256 and products_per_tile == 1
+  block_out = min(128 if wide else 64, max(16, next_pow2(out_features)))
   block_in = min(64, max(32, next_pow2(in_features)))
   num_warps = 8 if block_batch * block_out >= 128 * 64 else 4
   return PerturbedLinearConfig(block_batch, block_out, block_in, num_warps)
@@ -262,9 +284,10 @@ def _valid_unique(configs) -> list:
 
 
 def perturbed_linear_candidates(batch: int, out_features: int, in_features: int,
-                                kind: noise_lib.NoiseKind) -> list[PerturbedLinearConfig]:
+                                kind: noise_lib.NoiseKind,
+                                products_per_tile: int = 1) -> list[PerturbedLinearConfig]:
   """The heuristic config and its neighbours (tile sizes, warps, pipelining)."""
-  base = perturbed_linear_heuristics(batch, out_features, in_features, kind)
+  base = perturbed_linear_heuristics(batch, out_features, in_features, kind, products_per_tile)
   other_warps = 8 if base.num_warps == 4 else 4
   return _valid_unique([
       base,

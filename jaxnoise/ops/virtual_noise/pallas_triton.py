@@ -306,8 +306,11 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, antithetic,
   out_features, in_features = weight.shape
   shared_x = x.ndim == 2
   batch = x.shape[-2]
+  # With shared x both members of an antithetic pair see the same product.
+  products = 1 if shared_x or not antithetic else 2
   if config is None:
-    config = config_lib.perturbed_linear_heuristics(batch, out_features, in_features, kind)
+    config = config_lib.perturbed_linear_heuristics(batch, out_features, in_features, kind,
+                                                    products)
   config = config.validate()
   layout = NoiseLayout.of_block(kind, offset, out_features, in_features)
   precision = None if config.tf32 else jax.lax.Precision.HIGHEST
@@ -326,7 +329,8 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, antithetic,
       out_shape=jax.ShapeDtypeStruct((pop, batch, out_features), out_dtype),
       grid=grid,
       interpret=interpret,
-      compiler_params=_pallas.compiler_params(config.num_warps, config.stages(x.dtype.itemsize)),
+      compiler_params=_pallas.compiler_params(config.num_warps,
+                                              config.stages(x.dtype.itemsize, products)),
       name="virtual_perturbed_linear",
   )
   return call(x, base, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
@@ -416,7 +420,9 @@ def perturbed_linear_input_grad(grad_out, weight, seeds, sigma, offset, *, kind,
   precision = None if config.tf32 else jax.lax.Precision.HIGHEST
   n_batch_tiles = pl.cdiv(batch, config.block_batch)
   n_in_tiles = pl.cdiv(in_features, config.block_in)
-  params = _pallas.compiler_params(config.num_warps, config.stages(4))
+  # Per-individual x loads both members' output gradients per step.
+  tiles_per_stage = 2 if antithetic and not shared_x else 1
+  params = _pallas.compiler_params(config.num_warps, config.input_grad_stages(tiles_per_stage))
   common = dict(layout=layout, shared_x=shared_x, antithetic=antithetic, batch=batch,
                 out_features=out_features, in_features=in_features, config=config)
   sigma = jnp.reshape(sigma, (1,)).astype(_F32)

@@ -80,11 +80,12 @@ def tune_perturbed_linear(x, weight, bias, seeds, sigma, offset: int = 0, *,
   kind_ = noise_lib.get_kind(kind)
   seeds = noise_lib.as_seeds(seeds)
   out_features, in_features = weight.shape
+  products = 2 if antithetic and x.ndim == 3 else 1
   heuristic = config_lib.perturbed_linear_heuristics(x.shape[-2], out_features, in_features,
-                                                     kind_)
+                                                     kind_, products)
   if candidates is None:
     candidates = config_lib.perturbed_linear_candidates(x.shape[-2], out_features, in_features,
-                                                        kind_)
+                                                        kind_, products)
   candidates = _resolve_candidates(candidates, heuristic)
   op = functools.partial(api.virtual_perturbed_linear, offset=offset, kind=kind,
                          antithetic=antithetic, out_dtype=out_dtype)
