@@ -32,6 +32,7 @@ __all__ = [
     "load",
     "max_shared_memory_per_block",
     "pallas_call",
+    "quiet_triton_deprecation",
     "store",
 ]
 
@@ -45,7 +46,8 @@ _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 
 
 @contextlib.contextmanager
-def _quiet_triton_deprecation():
+def quiet_triton_deprecation():
+  """Silence exactly the Pallas Triton backend's deprecation notice inside the block."""
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION)
     yield
@@ -56,12 +58,12 @@ def pallas_call(kernel, *, interpret: bool, **kwargs: Any):
 
   Returns a callable; lowering and the call itself run with the filter on.
   """
-  with _quiet_triton_deprecation():
+  with quiet_triton_deprecation():
     call = pl.pallas_call(kernel, interpret=interpret, **kwargs)
 
   @functools.wraps(call)
   def wrapped(*args):
-    with _quiet_triton_deprecation():
+    with quiet_triton_deprecation():
       return call(*args)
 
   return wrapped

@@ -30,12 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnoise.ops import _common
+from jaxnoise.ops import _pallas
 from jaxnoise.ops.ternary import reference
 from jaxnoise.ops.ternary.config import (
     CounterUpdateConfig,
     ElementwiseConfig,
     FromIOConfig,
     MatmulConfig,
+    check_config,
 )
 
 __all__ = [
@@ -131,7 +133,7 @@ def _run(implementation: str, fn, *args, **kwargs):
   """Call ``fn``; around kernel paths, filter the Triton backend's deprecation warning."""
   if implementation == "reference":
     return fn(*args, **kwargs)
-  with _kernels().quiet_triton_deprecation():
+  with _pallas.quiet_triton_deprecation():
     return fn(*args, **kwargs)
 
 
@@ -262,12 +264,6 @@ def _hyper(lr, lr_scale, rms_beta, rms_eps) -> jax.Array:
   ])
 
 
-def _check_config(config: Any, kind: type) -> Any:
-  if config is not None and not isinstance(config, kind):
-    raise TypeError(f"config must be a {kind.__name__} or None, got {type(config).__name__}")
-  return config
-
-
 def _check_codes_range(codes: jax.Array, limit: int, name: str, what: str) -> None:
   """Raise on codes outside ``[0, limit)`` when they are concrete."""
   host = _host_value(codes)
@@ -330,7 +326,7 @@ def pack_codes(codes: jax.Array, *, C: int | None = None, implementation: str = 
     raise ValueError(f"codes must have at least one row, got {_common.describe(codes)}")
   limit = 64 if C is None else reference.n_codes(check_C(C))
   _check_codes_range(codes, limit, "codes", "6-bit codes" if C is None else f"C={C}")
-  config = _check_config(config, ElementwiseConfig)
+  config = check_config(config, ElementwiseConfig)
   codes = jnp.asarray(codes)
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":
@@ -363,7 +359,7 @@ def unpack_codes(packed: jax.Array, *, C: int | None = None, implementation: str
     [[1, 2, 3, 4]]
   """
   packed = _check_packed(packed)
-  config = _check_config(config, ElementwiseConfig)
+  config = check_config(config, ElementwiseConfig)
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":
     codes = _unpack_reference(packed)
@@ -409,7 +405,7 @@ def ternary_init(weight: jax.Array, C: int, *, implementation: str = "auto",
   if weight.shape[0] == 0:
     raise ValueError(f"weight must have at least one row, got {_common.describe(weight)}")
   C = check_C(C)
-  config = _check_config(config, ElementwiseConfig)
+  config = check_config(config, ElementwiseConfig)
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":
     return _init_reference(weight, C)
@@ -452,7 +448,7 @@ def ternary_decode(packed: jax.Array, scale: jax.Array, *, C: int, dtype: Any = 
   dtype = jnp.dtype(dtype)
   if dtype not in _common.FLOAT_DTYPES:
     raise TypeError(f"dtype must be one of {_common.FLOAT_DTYPES}, got {dtype}")
-  config = _check_config(config, ElementwiseConfig)
+  config = check_config(config, ElementwiseConfig)
   scale = scale.astype(jnp.float32)
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":
@@ -583,7 +579,7 @@ def counter_update(
         f"grad_w must have shape (out, in) = {(packed.shape[0], in_features)} to match packed "
         f"{_common.describe(packed)}; got grad_w {_common.describe(grad_w)}")
   static = _UpdateStatic(check_C(C), bool(lagged), _common.resolve_implementation(implementation),
-                         _check_config(config, CounterUpdateConfig))
+                         check_config(config, CounterUpdateConfig))
   hyper = _hyper(lr, lr_scale, rms_beta, rms_eps)
   fn = _update_donating if donate else _update_copying
   return _run(static.implementation, fn, static, packed, scale, v, grad_w, hyper,
@@ -671,7 +667,7 @@ def counter_update_from_io(
   if m_rows == 0:
     raise ValueError(f"x must hold at least one row, got {_common.describe(x)}")
   static = _UpdateStatic(check_C(C), bool(lagged), _common.resolve_implementation(implementation),
-                         _check_config(config, FromIOConfig))
+                         check_config(config, FromIOConfig))
   hyper = _hyper(lr, lr_scale, rms_beta, rms_eps)
   fn = _from_io_donating if donate else _from_io_copying
   return _run(static.implementation, fn, static, packed, scale, v,
@@ -793,7 +789,7 @@ def ternary_matmul(
   if out_dtype not in _common.FLOAT_DTYPES:
     raise TypeError(f"out_dtype must be one of {_common.FLOAT_DTYPES}, got {out_dtype}")
   static = _MatmulStatic(check_C(C), out_dtype, _common.resolve_implementation(implementation),
-                         _check_config(config, MatmulConfig))
+                         check_config(config, MatmulConfig))
   batch_shape = x.shape[:-1]
   m_rows = math.prod(batch_shape)
   if m_rows == 0:

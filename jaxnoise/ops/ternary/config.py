@@ -33,6 +33,7 @@ __all__ = [
     "ElementwiseConfig",
     "FromIOConfig",
     "MatmulConfig",
+    "check_config",
 ]
 
 # Largest register-resident row (groups) of the single-pass update.
@@ -60,6 +61,15 @@ def _check_warps_stages(config: Any) -> None:
   if not isinstance(config.num_stages, int) or config.num_stages < 1:
     raise ValueError(f"{type(config).__name__}.num_stages must be a positive int, "
                      f"got {config.num_stages!r}")
+
+
+def check_config(config: Any, kind: type) -> Any:
+  """``config`` itself when it is None or a ``kind``; a TypeError naming both otherwise."""
+  if config is not None and not isinstance(config, kind):
+    article = "an" if kind.__name__[0] in "AEIOU" else "a"
+    raise TypeError(f"config must be {article} {kind.__name__} or None, "
+                    f"got {type(config).__name__}")
+  return config
 
 
 def _warps_for(elements: int, per_thread: int) -> int:

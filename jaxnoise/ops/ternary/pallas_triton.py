@@ -36,37 +36,22 @@ Kernels
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import warnings
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
+from jaxnoise.ops import _pallas
 from jaxnoise.ops.ternary import reference as ref_lib
 from jaxnoise.ops.ternary.config import (
     CounterUpdateConfig,
     ElementwiseConfig,
     FromIOConfig,
     MatmulConfig,
+    check_config,
 )
-
-# The Triton backend of Pallas is deprecated from JAX 0.11; this is the one
-# warning filtered around the kernels (at import, trace and lowering time).
-_TRITON_DEPRECATION = r".*Triton backend is deprecated"
-
-
-@contextlib.contextmanager
-def quiet_triton_deprecation():
-  """Silence exactly the Pallas Triton backend's deprecation warning."""
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION, category=DeprecationWarning)
-    yield
-
-
-with quiet_triton_deprecation():
-  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
-  from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
 
 _F32 = jnp.float32
 _I32 = jnp.int32
@@ -87,23 +72,18 @@ def _iota(n: int):
   return jax.lax.broadcasted_iota(_I32, (n,), 0)
 
 
-def _compiler_params(config) -> "plgpu.CompilerParams":
-  return plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
-
-
 def _call(kernel, *, name: str, grid, out_shape, config, interpret: bool,
           input_output_aliases=None):
-  """``pl.pallas_call`` with the Triton compiler params and the warning filter."""
-  with quiet_triton_deprecation():
-    return pl.pallas_call(
-        kernel,
-        out_shape=out_shape,
-        grid=grid,
-        input_output_aliases=input_output_aliases or {},
-        compiler_params=_compiler_params(config),
-        interpret=interpret,
-        name=name,
-    )
+  """:func:`jaxnoise.ops._pallas.pallas_call` with the config's Triton compiler params."""
+  return _pallas.pallas_call(
+      kernel,
+      out_shape=out_shape,
+      grid=grid,
+      input_output_aliases=input_output_aliases or {},
+      compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
+      interpret=interpret,
+      name=name,
+  )
 
 
 def _loop(n_steps: int, body, init):
@@ -246,10 +226,8 @@ def _init_kernel(weight_ref, packed_ref, scale_ref, *, C, n_rows, n_groups, bloc
 
 
 def _elementwise_config(config, shape, dtype) -> ElementwiseConfig:
-  if config is None:
+  if check_config(config, ElementwiseConfig) is None:
     return ElementwiseConfig.get_heuristics_config(shape, dtype)
-  if not isinstance(config, ElementwiseConfig):
-    raise TypeError(f"config must be an ElementwiseConfig or None, got {type(config).__name__}")
   return config
 
 
@@ -423,10 +401,8 @@ def counter_update(packed, scale, v, grad_w, hyper, seed, *, C: int, lagged: boo
     ``(packed, scale, v, skipped)`` with ``skipped`` an ``(out,)`` bool.
   """
   out_features, in_features = grad_w.shape
-  if config is None:
+  if check_config(config, CounterUpdateConfig) is None:
     config = CounterUpdateConfig.get_heuristics_config(grad_w.shape, grad_w.dtype)
-  if not isinstance(config, CounterUpdateConfig):
-    raise TypeError(f"config must be a CounterUpdateConfig or None, got {type(config).__name__}")
   kernel = functools.partial(
       _counter_update_kernel, C=C, lagged=lagged, n_rows=out_features,
       n_groups=in_features // 4, block_rows=config.block_rows,
@@ -568,11 +544,9 @@ def counter_update_from_io(packed, scale, v, x, grad_out, hyper, seed, *, C: int
   m_rows, in_features = x.shape
   out_features = grad_out.shape[1]
   n_groups = in_features // 4
-  if config is None:
+  if check_config(config, FromIOConfig) is None:
     config = FromIOConfig.get_heuristics_config(
         (m_rows, out_features, in_features), jnp.promote_types(x.dtype, grad_out.dtype))
-  if not isinstance(config, FromIOConfig):
-    raise TypeError(f"config must be a FromIOConfig or None, got {type(config).__name__}")
   compute_dtype, precision = _dot_setup(x.dtype, grad_out.dtype, config.allow_tf32)
   high_word = ref_lib.needs_high_word(out_features, in_features)
   common = dict(C=C, n_rows=out_features, n_groups=n_groups, m_rows=m_rows,
@@ -679,10 +653,8 @@ def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, 
 
 
 def _matmul_config(config, shape, dtype) -> MatmulConfig:
-  if config is None:
+  if check_config(config, MatmulConfig) is None:
     return MatmulConfig.get_heuristics_config(shape, dtype)
-  if not isinstance(config, MatmulConfig):
-    raise TypeError(f"config must be a MatmulConfig or None, got {type(config).__name__}")
   return config
 
 
@@ -730,7 +702,6 @@ __all__ = [
     "counter_update",
     "counter_update_from_io",
     "pack_codes",
-    "quiet_triton_deprecation",
     "ternary_decode",
     "ternary_init",
     "ternary_matmul",
