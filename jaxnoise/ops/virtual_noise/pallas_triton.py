@@ -140,9 +140,25 @@ _ONE_BITS = {
 }
 
 
-def _bit_at(words: jax.Array, lane: jax.Array, position: int) -> jax.Array:
-  """Bit ``lane`` of ``words`` moved to bit ``position``, every other bit zero (uint32)."""
+def _bit_at(words: jax.Array, lane: jax.Array | int, position: int) -> jax.Array:
+  """Bit ``lane`` of ``words`` moved to bit ``position``, every other bit zero (uint32).
+
+  A static ``lane`` takes one shift and a mask.
+  """
+  if isinstance(lane, int):
+    moved = (words << _U32(position - lane) if lane <= position
+             else words >> _U32(lane - position))
+    return moved & _U32(1 << position)
   return ((words >> lane) & _U32(1)) << _U32(position)
+
+
+def _flip_signs(value: jax.Array, sign_bits: jax.Array) -> jax.Array:
+  """float32 ``value`` with its sign flipped where ``sign_bits`` has bit 31 set.
+
+  ``value * (+-1)`` for a 32-values-per-word kind, as one xor.
+  """
+  return jax.lax.bitcast_convert_type(
+      jax.lax.bitcast_convert_type(value, _U32) ^ sign_bits, _F32)
 
 
 def _signs(sign_bits: jax.Array, dtype) -> jax.Array:
@@ -502,17 +518,14 @@ def _noise_gradient_kernel(fitness_ref, seeds_or_mul_ref, increment_ref, out_ref
     # One row of the tile is one word. Keeping the 32 lanes as 32 column
     # accumulators lets each thread hash only the words of its own rows (a
     # (rows, 32) tile spreads a row over several threads, which would each
-    # hash it); fitness * (+-1) flips fitness's sign bit where the bit is set.
-    sign = _U32(0x80000000)
+    # hash it).
 
     def packed_body(step, accs):
       accs = list(accs)
       for fitness, keys in individuals(step):
         words = _words(layout, keys, start, jnp.zeros((1, 1), _U32))
-        fitness_bits = jax.lax.bitcast_convert_type(fitness, _U32)
         for lane in range(32):
-          flipped = fitness_bits ^ ((words << _U32(31 - lane)) & sign)
-          accs[lane] = accs[lane] + jax.lax.bitcast_convert_type(flipped, _F32)
+          accs[lane] = accs[lane] + _flip_signs(fitness, _bit_at(words, lane, 31))
       return tuple(accs)
 
     zeros = tuple(jnp.zeros((block_rows, 1), _F32) for _ in range(32))
@@ -526,10 +539,8 @@ def _noise_gradient_kernel(fitness_ref, seeds_or_mul_ref, increment_ref, out_ref
     def body(step, acc):
       for fitness, keys in individuals(step):
         if packed:
-          # fitness * (+-1): flip fitness's sign bit where the noise bit is set.
           flips = packed_sign_bits(layout, keys, start, _U32(0), block_rows, 32, 31)
-          bits = jax.lax.bitcast_convert_type(fitness, _U32) ^ flips
-          acc = acc + jax.lax.bitcast_convert_type(bits, _F32)
+          acc = acc + _flip_signs(fitness, flips)
         else:
           acc = acc + fitness * noise_tile(layout, keys, start, 0, block_rows, 32)
       return acc
@@ -604,10 +615,8 @@ def _reduce_metric_kernel(center_ref, seeds_ref, sigma_ref, *out_refs, layout: N
       keys = hoisted[member] if not layout.high_word else _stream_keys(layout, seeds[member],
                                                                         start)
       if layout.kind.values_per_word == 32:
-        # factor * (+-1): flip factor's sign bit where the noise bit is set.
         flips = packed_sign_bits(layout, keys, start, _U32(0), block_rows, 32, 31)
-        step = jax.lax.bitcast_convert_type(
-            jax.lax.bitcast_convert_type(factor, _U32) ^ flips, _F32)
+        step = _flip_signs(factor, flips)
       else:
         step = factor * noise_tile(layout, keys, start, 0, block_rows, 32)
       for sign_index, sign in enumerate(signs):
