@@ -76,6 +76,26 @@ Weight element ``(j, k)`` of an ``(out, in)`` matrix uses index
 ``offset + j * in + k``; its bias element ``j`` uses ``offset + out * in + j``
 (see :func:`jaxnoise.compute_offsets`). Antithetic pairs: individuals ``2m``
 and ``2m + 1`` share ``seeds[2m]`` with signs ``+1`` and ``-1``.
+
+Low-rank layout
+---------------
+With ``rank=r`` an ``(out, in)`` weight block at ``offset`` is perturbed by
+
+    E_i = s_i * A_i @ B_i.T / sqrt(r),     A_i: (out, r),  B_i: (in, r)
+
+whose entries are noise values of the chosen kind (so every entry of ``E_i``
+has zero mean and unit variance, and antithetic pairs mirror ``E_i``). The
+factors are the rows of one row-major ``(r, out + in)`` block at ``offset``:
+component ``c`` owns the ``out + in`` consecutive indices starting at
+``offset + c * (out + in)``, first ``A_i[:, c]`` then ``B_i[:, c]``::
+
+    A_i[j, c]  at  offset + c * (out + in) + j
+    B_i[k, c]  at  offset + c * (out + in) + out + k
+
+The block owns ``r * (out + in)`` indices (:func:`noise_block_size`); a bias
+of a low-rank layer follows at ``offset + r * (out + in)`` and stays full
+rank. Ranks are nested: the first ``r`` components of rank ``r + 1`` are
+those of rank ``r``.
 """
 
 from __future__ import annotations
@@ -96,8 +116,11 @@ __all__ = [
     "NoiseKind",
     "as_seeds",
     "draw_seeds",
+    "check_rank",
     "get_kind",
+    "low_rank_factors",
     "mix32",
+    "noise_block_size",
     "virtual_noise",
 ]
 
@@ -460,13 +483,17 @@ def virtual_noise(
     *,
     kind: str = DEFAULT_KIND,
     antithetic: bool = False,
+    rank: int | None = None,
 ) -> jax.Array:
   """Materialise the noise of a parameter block for a population.
 
   This is the noise every jaxnoise op uses, written out: element ``e`` (in
   row-major order) of individual ``i`` is ``sign_i * noise(seed_i, offset + e)``.
-  It holds ``(pop, *shape)`` values, so use it for tests and small parameter
-  blocks; the ops never build it.
+  With ``rank=r`` the block must be 2-D ``(out, in)`` and the result is the
+  low-rank perturbation ``E_i = sign_i * A_i @ B_i.T / sqrt(r)`` (see the
+  module's "Low-rank layout" and :func:`low_rank_factors`). It holds
+  ``(pop, *shape)`` values, so use it for tests and small parameter blocks;
+  the ops never build it.
 
   Args:
     seeds: ``(pop,)`` seeds (see :func:`as_seeds`).
@@ -475,6 +502,8 @@ def virtual_noise(
     kind: noise kind.
     antithetic: individuals ``2m`` and ``2m + 1`` use ``seeds[2m]`` with
       signs ``+1`` and ``-1``.
+    rank: None for full-rank noise, or a positive int for the low-rank
+      perturbation of a 2-D block.
 
   Returns:
     ``(pop, *shape)`` float32 noise.
@@ -484,11 +513,18 @@ def virtual_noise(
     >>> n = virtual_noise(jnp.arange(3, dtype=jnp.uint32), (2, 5), offset=7)
     >>> n.shape
     (3, 2, 5)
+    >>> virtual_noise(jnp.arange(3, dtype=jnp.uint32), (4, 6), rank=2).shape
+    (3, 4, 6)
   """
   kind = get_kind(kind)
   seeds = as_seeds(seeds)
   shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
   offset = check_offset(offset)
+  rank = check_rank(rank)
+  if rank is not None:
+    a, b = low_rank_factors(seeds, shape, offset, rank=rank, kind=kind, antithetic=antithetic)
+    scale = jnp.float32(1.0 / math.sqrt(rank))
+    return jnp.einsum("por,pkr->pok", a, b, precision=jax.lax.Precision.HIGHEST) * scale
   n = math.prod(shape)
   # Row-major: any rank is a (rows, last) block with the same flat indices.
   flat_shape = (n // shape[-1], shape[-1]) if len(shape) >= 1 and shape[-1] else (1, n)
@@ -500,6 +536,103 @@ def virtual_noise(
   values = noise_at(seed_b, hi[None], lo[None], kind, high_word=high)
   values = values * antithetic_signs(seeds.shape[0], antithetic)[:, None, None]
   return values.reshape((seeds.shape[0],) + shape)
+
+
+def low_rank_factors(
+    seeds: Any,
+    shape: Sequence[int],
+    offset: int = 0,
+    *,
+    rank: int,
+    kind: str = DEFAULT_KIND,
+    antithetic: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+  """Materialise the low-rank factors ``(A, B)`` of an ``(out, in)`` block.
+
+  ``A[i, j, c]`` is ``sign_i * noise(seed_i, offset + c * (out + in) + j)``
+  and ``B[i, k, c]`` is ``noise(seed_i, offset + c * (out + in) + out + k)``
+  (the antithetic sign goes on ``A``), so individual ``i``'s perturbation is
+  ``A[i] @ B[i].T / sqrt(rank)``.
+
+  Args:
+    seeds: ``(pop,)`` seeds (see :func:`as_seeds`).
+    shape: ``(out, in)``.
+    offset: the block's first element index (a Python int).
+    rank: the number of components ``r`` (a positive int).
+    kind: noise kind.
+    antithetic: pairs share ``seeds[2m]`` with signs ``+1`` and ``-1``.
+
+  Returns:
+    ``A`` of shape ``(pop, out, r)`` and ``B`` of shape ``(pop, in, r)``,
+    float32.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> a, b = low_rank_factors(jnp.arange(2), (3, 5), rank=4)
+    >>> a.shape, b.shape
+    ((2, 3, 4), (2, 5, 4))
+  """
+  kind = get_kind(kind)
+  seeds = as_seeds(seeds)
+  rank = check_rank(rank)
+  if rank is None:
+    raise ValueError("low_rank_factors needs a positive int rank, got None")
+  out_features, in_features = _matrix_shape(shape)
+  offset = check_offset(offset)
+  check_block_end(offset, noise_block_size((out_features, in_features), rank))
+  if antithetic:
+    _check_even(seeds.shape[0])
+  width = out_features + in_features
+  hi, lo = block_index(offset, (rank, width))
+  high = not fits_32_bits(kind, offset, rank * width)
+  seed_b = pair_seeds(seeds, antithetic)[:, None, None]
+  values = noise_at(seed_b, hi[None], lo[None], kind, high_word=high)  # (pop, r, out + in)
+  values = jnp.swapaxes(values, 1, 2)
+  signs = antithetic_signs(seeds.shape[0], antithetic)[:, None, None]
+  return values[:, :out_features] * signs, values[:, out_features:]
+
+
+def check_rank(rank: Any, name: str = "rank") -> int | None:
+  """None (full rank) or a positive Python int; raises a named error otherwise."""
+  if rank is None:
+    return None
+  if isinstance(rank, (bool, np.bool_)) or not _is_integer_scalar(rank):
+    raise TypeError(f"{name} must be None (full rank) or a positive int, got "
+                    f"{type(rank).__name__} {rank!r}")
+  value = operator.index(rank)
+  if value <= 0:
+    raise ValueError(f"{name} must be None (full rank) or a positive int, got {value}")
+  return value
+
+
+def noise_block_size(shape: Sequence[int] | int, rank: int | None = None) -> int:
+  """Element indices a parameter block owns: ``prod(shape)``, or ``r * (out + in)``.
+
+  A block with a rank must be 2-D ``(out, in)``.
+
+  Example:
+    >>> noise_block_size((256, 784)), noise_block_size((256, 784), rank=4)
+    (200704, 4160)
+  """
+  shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+  if rank is None:
+    return math.prod(int(d) for d in shape)
+  out_features, in_features = _matrix_shape(shape)
+  return int(rank) * (out_features + in_features)
+
+
+def _matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
+  shape = tuple(shape)
+  if len(shape) != 2:
+    raise ValueError(f"a low-rank block must be 2-D (out, in), got shape {shape}")
+  return int(shape[0]), int(shape[1])
+
+
+def check_block_end(offset: int, n_elements: int, name: str = "offset") -> None:
+  """A block's indices must stay below 2**64 (they would wrap around)."""
+  if offset + n_elements > 1 << 64:
+    raise ValueError(f"{name}={offset} plus the block's {n_elements} element indices "
+                     "passes 2**64; indices would wrap around")
 
 
 def check_offset(offset: Any, name: str = "offset") -> int:

@@ -38,15 +38,19 @@ __all__ = [
 ]
 
 
-def compute_offsets(param_shapes: Sequence[Sequence[int] | int]) -> list[int]:
+def compute_offsets(param_shapes: Sequence[Sequence[int] | int], *,
+                    rank: int | None = None) -> list[int]:
   """Cumulative flat-element offsets of consecutive parameter blocks.
 
-  Block ``b`` starts at the total element count of blocks ``0 .. b-1``.
+  Block ``b`` starts at the total number of indices blocks ``0 .. b-1`` own:
+  ``prod(shape)``, or ``rank * (out + in)`` for a 2-D block when ``rank`` is
+  given (its low-rank factors; 1-D blocks such as biases stay full rank).
   Offsets are Python ints and may exceed 2**32.
 
   Args:
     param_shapes: shapes of the parameter blocks, in order (an int is a
       1-D shape).
+    rank: None (full rank), or the rank of every 2-D block.
 
   Returns:
     One offset per block.
@@ -54,14 +58,17 @@ def compute_offsets(param_shapes: Sequence[Sequence[int] | int]) -> list[int]:
   Example:
     >>> compute_offsets([(256, 784), (256,), (10, 256), (10,)])
     [0, 200704, 200960, 203520]
+    >>> compute_offsets([(256, 784), (256,), (10, 256), (10,)], rank=1)
+    [0, 1040, 1296, 1562]
   """
+  rank = noise_lib.check_rank(rank)
   offsets, total = [], 0
   for position, shape in enumerate(param_shapes):
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if any(int(d) < 0 for d in shape):
       raise ValueError(f"param_shapes[{position}] has a negative dimension: {shape}")
     offsets.append(total)
-    total += math.prod(int(d) for d in shape)
+    total += noise_lib.noise_block_size(shape, rank if len(shape) == 2 else None)
   return offsets
 
 
@@ -91,6 +98,7 @@ class _LinearStatic:
   config: Any
   out_dtype: Any
   shared_x: bool
+  rank: int | None = None
 
 
 def virtual_perturbed_linear(
@@ -106,6 +114,7 @@ def virtual_perturbed_linear(
     implementation: str = "auto",
     config: Any = None,
     out_dtype: Any = jnp.float32,
+    rank: int | None = None,
 ) -> jax.Array:
   """A linear layer evaluated for a whole population of perturbed weights.
 
@@ -114,6 +123,12 @@ def virtual_perturbed_linear(
   element ``(j, k)`` at index ``offset + j * in + k``, bias element ``j`` at
   ``offset + out * in + j``) and ``s_i`` is +1, or -1 for the second member
   of an antithetic pair. The kernels never store the noise.
+
+  With ``rank=r``, ``N_i = A_i B_i^T / sqrt(r)`` is a low-rank perturbation
+  (factors at the indices of :mod:`jaxnoise.noise`'s "Low-rank layout"; the
+  bias noise follows the factors at ``offset + r * (out + in) + j``), and
+  ``Y[i] = X[i] W^T + sigma s_i (X[i] B_i) A_i^T / sqrt(r) + ...`` costs
+  ``(out + in) * r`` noise values per individual instead of ``out * in``.
 
   Differentiable with respect to ``x``, ``weight``, ``bias`` and ``sigma``
   (the backward pass regenerates the noise).
@@ -134,6 +149,7 @@ def virtual_perturbed_linear(
     config: kernel config (:class:`PerturbedLinearConfig`); None picks the
       autotuned or heuristic one. Ignored by the reference.
     out_dtype: output dtype (accumulation is float32).
+    rank: None (full-rank noise) or a positive int (low-rank noise).
 
   Returns:
     ``(pop, batch, out)`` array of ``out_dtype``.
@@ -143,6 +159,8 @@ def virtual_perturbed_linear(
     >>> x, w = jnp.ones((3, 8)), jnp.zeros((4, 8))
     >>> seeds = jnp.arange(5, dtype=jnp.uint32)
     >>> virtual_perturbed_linear(x, w, None, seeds, 0.1).shape
+    (5, 3, 4)
+    >>> virtual_perturbed_linear(x, w, None, seeds, 0.1, rank=1).shape
     (5, 3, 4)
   """
   weight = _common.check_float_array(weight, "weight", (2,))
@@ -176,6 +194,7 @@ def virtual_perturbed_linear(
       config=config,
       out_dtype=jnp.dtype(out_dtype),
       shared_x=x.ndim == 2,
+      rank=noise_lib.check_rank(rank),
   )
   return _perturbed_linear(static, x, weight, bias, seeds, sigma)
 
@@ -184,8 +203,13 @@ def _forward(static: _LinearStatic, x, weight, bias, seeds, sigma):
   if static.implementation == "reference":
     return reference.perturbed_linear_reference(
         x, weight, bias, seeds, sigma, static.offset, kind=static.kind,
-        antithetic=static.antithetic, out_dtype=static.out_dtype,
+        antithetic=static.antithetic, out_dtype=static.out_dtype, rank=static.rank,
     )
+  if static.rank is not None:
+    return _kernels().low_rank_perturbed_linear(
+        x, weight, bias, seeds, sigma, static.offset, kind=static.kind,
+        antithetic=static.antithetic, out_dtype=static.out_dtype, rank=static.rank,
+        config=static.config, interpret=static.implementation == "interpret")
   config = static.config
   if config is None:
     config = autotune.lookup(*_linear_tuning_key(static, x, weight, bias, seeds))
@@ -207,8 +231,13 @@ def _input_grad(static: _LinearStatic, grad_out, weight, seeds, sigma):
   if static.implementation == "reference":
     return reference.perturbed_linear_input_grad_reference(
         grad_out, weight, seeds, sigma, static.offset, kind=static.kind,
-        antithetic=static.antithetic, shared_x=static.shared_x,
+        antithetic=static.antithetic, shared_x=static.shared_x, rank=static.rank,
     )
+  if static.rank is not None:
+    return _kernels().low_rank_input_grad(
+        grad_out, weight, seeds, sigma, static.offset, kind=static.kind,
+        antithetic=static.antithetic, shared_x=static.shared_x, rank=static.rank,
+        config=static.config, interpret=static.implementation == "interpret")
   config = None
   if not _uses_tf32(static):
     _, batch, out_features = grad_out.shape
@@ -296,6 +325,7 @@ def virtual_weight_gradient(
     antithetic: bool = False,
     implementation: str = "auto",
     config: Any = None,
+    rank: int | None = None,
 ) -> jax.Array:
   """ES estimate of a weight gradient from fitness, regenerating the noise.
 
@@ -303,6 +333,11 @@ def virtual_weight_gradient(
   the same noise as :func:`virtual_perturbed_linear` (index
   ``offset + j * in + k``). With ``antithetic=True`` each pair contributes
   ``(f_2m - f_2m+1) N_m`` and the noise is generated once per pair.
+
+  With ``rank=r`` the noise is low rank, ``N_i = A_i B_i^T / sqrt(r)``
+  (see :func:`virtual_perturbed_linear`), and the estimate is one GEMM
+  ``sum_i f_i A_i B_i^T`` over ``pop * r`` from factors regenerated a chunk
+  of the population at a time.
 
   Args:
     fitness: ``(pop,)`` float fitness (already shaped, see
@@ -315,7 +350,9 @@ def virtual_weight_gradient(
     kind: noise kind.
     antithetic: antithetic pairs (see :func:`virtual_perturbed_linear`).
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"``, ``"reference"``.
-    config: kernel config (:class:`WeightGradientConfig`) or None.
+    config: kernel config (:class:`WeightGradientConfig`, or
+      :class:`LowRankGradientConfig` with a ``rank``) or None.
+    rank: None (full-rank noise) or a positive int (low-rank noise).
 
   Returns:
     ``weight_shape`` float32 gradient estimate.
@@ -325,12 +362,15 @@ def virtual_weight_gradient(
     >>> g = virtual_weight_gradient(jnp.ones(4), jnp.arange(4), (2, 3), 0.1)
     >>> g.shape
     (2, 3)
+    >>> virtual_weight_gradient(jnp.ones(4), jnp.arange(4), (2, 3), 0.1, rank=2).shape
+    (2, 3)
   """
   seeds = _check_population(seeds, antithetic)
   fitness = _check_fitness(fitness, seeds)
   weight_shape = _common.check_shape(weight_shape, "weight_shape", 2)
+  rank = noise_lib.check_rank(rank)
   return _gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, kind, antithetic,
-                   implementation, config)
+                   implementation, config, rank)
 
 
 def virtual_bias_gradient(
@@ -380,7 +420,7 @@ def virtual_bias_gradient(
 
 
 def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, implementation,
-              config):
+              config, rank=None):
   sigma = _common.check_sigma(sigma)
   pop_size = fitness.shape[0] if pop_size is None else _common.check_positive_int(
       pop_size, "pop_size")
@@ -389,7 +429,11 @@ def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, 
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":
     return reference.noise_gradient_reference(fitness, seeds, shape, sigma, pop_size, offset,
-                                              kind=kind, antithetic=antithetic)
+                                              kind=kind, antithetic=antithetic, rank=rank)
+  if rank is not None:
+    return _kernels().low_rank_gradient(
+        fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
+        rank=rank, config=config, interpret=implementation == "interpret")
   if config is None:
     key = config_lib.noise_gradient_key(implementation, seeds.shape[0], shape, kind, antithetic,
                                         offset)

@@ -8,7 +8,12 @@ depend on it: the noise is a function of ``(seed, index)`` alone).
 
 Inputs are assumed validated by :mod:`jaxnoise.ops.virtual_noise.api`:
 ``seeds`` is ``(pop,)`` uint32, ``sigma`` a float32 scalar, ``offset`` a
-Python int.
+Python int, ``rank`` None (full rank) or a positive int.
+
+With a ``rank`` the weight noise is the low-rank ``A_i B_i^T / sqrt(r)`` of
+:mod:`jaxnoise.noise` ("Low-rank layout"): the ops form ``x_i B_i`` and
+``(x_i B_i) A_i^T`` (or ``sum_i f_i A_i B_i^T``, a GEMM over ``pop * r``)
+from factors built a chunk of the population at a time, never ``E_i``.
 """
 
 from __future__ import annotations
@@ -67,6 +72,22 @@ def _weight_noise(seeds, offset, weight_shape, kind):
   return noise_lib.noise_at(seeds[:, None, None], hi[None], lo[None], kind, high_word=high)
 
 
+def _low_rank_factors(seeds, offset, weight_shape, rank, kind):
+  """``(c, out, r)`` and ``(c, in, r)`` factors (unsigned) for a chunk of seeds ``(c,)``."""
+  out_features, in_features = weight_shape
+  width = out_features + in_features
+  hi, lo = noise_lib.block_index(offset, (rank, width))
+  high = not noise_lib.fits_32_bits(kind, offset, rank * width)
+  values = noise_lib.noise_at(seeds[:, None, None], hi[None], lo[None], kind, high_word=high)
+  values = jnp.swapaxes(values, 1, 2)
+  return values[:, :out_features], values[:, out_features:]
+
+
+def low_rank_bias_offset(offset: int, weight_shape, rank: int | None) -> int:
+  """Index of a linear layer's bias noise: right after its weight block."""
+  return offset + noise_lib.noise_block_size(weight_shape, rank)
+
+
 def _vector_noise(seeds, offset, length, kind):
   """``(c, length)`` noise for a chunk of seeds ``(c,)``."""
   hi, lo = noise_lib.block_index(offset, (length,))
@@ -86,8 +107,19 @@ def perturbed_linear_reference(
     antithetic: bool,
     out_dtype=jnp.float32,
     chunk_size: int | None = None,
+    rank: int | None = None,
+    precision=_HIGHEST,
 ) -> jax.Array:
-  """``Y[i] = X[i] @ (W + sigma s_i N_i)^T + (b + sigma s_i nb_i)`` in float32."""
+  """``Y[i] = X[i] @ (W + sigma s_i N_i)^T + (b + sigma s_i nb_i)`` in float32.
+
+  With ``rank``, ``N_i = A_i B_i^T / sqrt(r)`` and the noise part is
+  ``(X[i] B_i) A_i^T / sqrt(r)``, with products at ``precision`` (the GPU's
+  materialised path passes its own).
+  """
+  if rank is not None:
+    return _low_rank_linear(x, weight, bias, seeds, sigma, offset, kind=kind,
+                            antithetic=antithetic, out_dtype=out_dtype, chunk_size=chunk_size,
+                            rank=rank, precision=precision)
   pop = seeds.shape[0]
   out_features, in_features = weight.shape
   chunk = chunk_size_for(pop, out_features * in_features, chunk_size)
@@ -111,6 +143,36 @@ def perturbed_linear_reference(
   return _map_chunks(per_individual, chunk, x, pair_seeds, signs)
 
 
+def _low_rank_linear(x, weight, bias, seeds, sigma, offset, *, kind, antithetic, out_dtype,
+                     chunk_size, rank, precision):
+  pop = seeds.shape[0]
+  out_features, in_features = weight.shape
+  batch = x.shape[-2]
+  chunk = chunk_size_for(pop, (out_features + in_features) * rank + batch * out_features,
+                         chunk_size)
+  pair_seeds = noise_lib.pair_seeds(seeds, antithetic)
+  signs = noise_lib.antithetic_signs(pop, antithetic)
+  sigma = jnp.asarray(sigma, jnp.float32)
+  factor = sigma * jnp.float32(1.0 / math.sqrt(rank))
+  base = jnp.einsum("...bk,ok->...bo", x.astype(jnp.float32), weight.astype(jnp.float32),
+                    precision=precision)
+  if bias is not None:
+    base = base + bias.astype(jnp.float32)
+  bias_offset = low_rank_bias_offset(offset, weight.shape, rank)
+
+  def per_individual(x_i, base_i, seed, sign):
+    a, b = _low_rank_factors(seed[None], offset, weight.shape, rank, kind)
+    projected = jnp.einsum("bk,kr->br", x_i.astype(jnp.float32), b[0], precision=precision)
+    noise = jnp.einsum("br,or->bo", projected, a[0], precision=precision) * factor
+    if bias is not None:
+      noise = noise + sigma * _vector_noise(seed[None], bias_offset, out_features, kind)[0]
+    return (base_i + sign * noise).astype(out_dtype)
+
+  if x.ndim == 2:
+    return _map_chunks(lambda s, g: per_individual(x, base, s, g), chunk, pair_seeds, signs)
+  return _map_chunks(per_individual, chunk, x, base, pair_seeds, signs)
+
+
 def perturbed_linear_input_grad_reference(
     grad_out: jax.Array,
     weight: jax.Array,
@@ -122,8 +184,14 @@ def perturbed_linear_input_grad_reference(
     antithetic: bool,
     shared_x: bool,
     chunk_size: int | None = None,
+    rank: int | None = None,
+    precision=_HIGHEST,
 ) -> jax.Array:
   """``dX[i] = G[i] @ (W + sigma s_i N_i)``; summed over ``i`` when x is shared."""
+  if rank is not None:
+    return _low_rank_input_grad(grad_out, weight, seeds, sigma, offset, kind=kind,
+                                antithetic=antithetic, shared_x=shared_x,
+                                chunk_size=chunk_size, rank=rank, precision=precision)
   pop = seeds.shape[0]
   out_features, in_features = weight.shape
   chunk = chunk_size_for(pop, out_features * in_features, chunk_size)
@@ -148,6 +216,36 @@ def perturbed_linear_input_grad_reference(
   per_individual = _map_chunks(
       lambda g, s, sg: noise_part(g[None], s[None], sg[None])[0], chunk, grad_out, pair_seeds, signs
   )
+  return base + per_individual
+
+
+def _low_rank_input_grad(grad_out, weight, seeds, sigma, offset, *, kind, antithetic, shared_x,
+                         chunk_size, rank, precision):
+  """``dX[i] = G[i] W + sigma s_i (G[i] A_i) B_i^T / sqrt(r)`` (summed for shared x)."""
+  pop, batch, out_features = grad_out.shape
+  in_features = weight.shape[1]
+  chunk = chunk_size_for(pop, (out_features + in_features) * rank + batch * in_features,
+                         chunk_size)
+  pair_seeds = noise_lib.pair_seeds(seeds, antithetic)
+  signs = noise_lib.antithetic_signs(pop, antithetic)
+  factor = jnp.asarray(sigma, jnp.float32) * jnp.float32(1.0 / math.sqrt(rank))
+  grad_out = grad_out.astype(jnp.float32)
+
+  def noise_part(g_c, seed_c, sign_c):
+    a, b = _low_rank_factors(seed_c, offset, weight.shape, rank, kind)
+    projected = jnp.einsum("cbo,cor->cbr", g_c, a, precision=precision)
+    projected = projected * (factor * sign_c)[:, None, None]
+    return jnp.einsum("cbr,ckr->cbk", projected, b, precision=precision)
+
+  base = jnp.einsum("...bo,ok->...bk", grad_out, weight.astype(jnp.float32), precision=precision)
+  if shared_x:
+    init = jnp.zeros((batch, in_features), jnp.float32)
+    noise_sum = _sum_chunks(lambda g, s, sg: noise_part(g, s, sg).sum(0), chunk, pop, init,
+                            grad_out, pair_seeds, signs)
+    return base.sum(0) + noise_sum
+  per_individual = _map_chunks(
+      lambda g, s, sg: noise_part(g[None], s[None], sg[None])[0], chunk, grad_out, pair_seeds,
+      signs)
   return base + per_individual
 
 
@@ -177,8 +275,19 @@ def noise_gradient_reference(
     kind: noise_lib.NoiseKind,
     antithetic: bool,
     chunk_size: int | None = None,
+    rank: int | None = None,
+    precision=_HIGHEST,
 ) -> jax.Array:
-  """``sum_i fitness_i s_i N_i / (pop_size * sigma)`` for a 2-D weight or 1-D bias block."""
+  """``sum_i fitness_i s_i N_i / (pop_size * sigma)`` for a 2-D weight or 1-D bias block.
+
+  With ``rank`` (2-D blocks), ``N_i = A_i B_i^T / sqrt(r)``: one GEMM
+  ``(f * A)^T B`` over ``pop * r`` per chunk of the population, at
+  ``precision`` (the reference's is HIGHEST; the GPU path passes its own).
+  """
+  if rank is not None:
+    return low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, kind=kind,
+                              antithetic=antithetic, chunk_size=chunk_size, rank=rank,
+                              precision=precision)
   weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
   n = pair_seeds.shape[0]
   chunk = chunk_size_for(n, math.prod(shape), chunk_size)
@@ -189,6 +298,25 @@ def noise_gradient_reference(
 
   total = _sum_chunks(partial, chunk, n, jnp.zeros(shape, jnp.float32), weights, pair_seeds)
   return total / (jnp.float32(pop_size) * jnp.asarray(sigma, jnp.float32))
+
+
+def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic,
+                      chunk_size, rank, precision, operand_dtype=jnp.float32):
+  """``sum_i f_i s_i A_i B_i^T / (pop_size sigma sqrt(r))``: a GEMM over ``chunk * r`` per chunk."""
+  weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
+  n = pair_seeds.shape[0]
+  chunk = chunk_size_for(n, (shape[0] + shape[1]) * rank, chunk_size)
+
+  def partial(f_c, seed_c):
+    a, b = _low_rank_factors(seed_c, offset, shape, rank, kind)
+    weighted = (a * f_c[:, None, None]).astype(operand_dtype)
+    return jnp.einsum("cor,ckr->ok", weighted, b.astype(operand_dtype), precision=precision,
+                      preferred_element_type=jnp.float32)
+
+  total = _sum_chunks(partial, chunk, n, jnp.zeros(shape, jnp.float32), weights, pair_seeds)
+  scale = jnp.float32(1.0 / math.sqrt(rank)) / (jnp.float32(pop_size)
+                                                   * jnp.asarray(sigma, jnp.float32))
+  return total * scale
 
 
 # The seed document's two names for the same estimate.
