@@ -1,0 +1,325 @@
+"""Low-rank virtual noise on the GPU: compiled checks, EGGROLL's benchmark, one ES step.
+
+Modes (any combination, one process, one GPU):
+
+* ``--check``: the compiled low-rank kernels (forward, input gradient) and the
+  gradient estimate against the pure-JAX reference, every kind, shared and
+  per-individual x, antithetic on and off, odd shapes, offsets past 2**32.
+* ``--bench``: EGGROLL's benchmark, one ``(8192, 8192)`` linear layer, 1024
+  members with one input row each, bf16 and f32, side by side in one run:
+  batch inference ``x W^T`` (the floor), EGGROLL's own ``do_mm`` (if its
+  public code is importable from ``--eggroll-path``; it stays out of this
+  repository), the jaxnoise kernel and the materialised-factor path, for
+  ranks 1, 2, 4, 8, 16 and each kind; then one ES step of that layer
+  (forward + gradient estimate + update) against inference plus one GEMM of
+  the layer's size.
+
+    python benchmarks/bench_low_rank.py --check --bench --out benchmarks/out   # GPU
+    python benchmarks/bench_low_rank.py --check --bench --quick                # CPU
+
+Writes ``<out>/low_rank.json`` and ``<out>/low_rank.png`` (fraction of
+inference throughput against rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
+import jaxnoise  # noqa: E402
+from jaxnoise import noise as noise_lib  # noqa: E402
+from jaxnoise.ops.virtual_noise import config as config_lib  # noqa: E402
+
+
+def _relative_error(value, reference) -> float:
+  value = np.asarray(jnp.asarray(value, jnp.float32))
+  reference = np.asarray(jnp.asarray(reference, jnp.float32))
+  return float(np.max(np.abs(value - reference)) / (np.max(np.abs(reference)) + 1e-30))
+
+
+def check_cases(quick: bool, implementation: str):
+  """(name, fn) pairs comparing the compiled (or interpreted) path with the reference."""
+  shapes = [(6, 5, 37, 45)] if quick else [(6, 5, 37, 45), (1000, 7, 100, 999), (64, 1, 4500, 33)]
+  offsets = [7, (1 << 32) - 100] if quick else [7, (1 << 32) - 100, (1 << 40) + 3]
+  kinds = ["rademacher"] if quick else sorted(noise_lib.KINDS)
+  ranks = [1, 3] if quick else [1, 3, 16, 20]
+  cases = []
+  for shape_index, (pop, batch, out_f, in_f) in enumerate(shapes):
+    for kind in kinds:
+      for offset in offsets:
+        for rank in ranks:
+          for shared in (True, False):
+            for antithetic in (False, True):
+              # The first shape gets every combination; the larger ones two.
+              if shape_index and (shared == antithetic or rank not in (1, 3)):
+                continue
+              name = (f"check {kind} pop={pop} batch={batch} out={out_f} in={in_f} "
+                      f"offset={offset} rank={rank} shared={shared} anti={antithetic}")
+              cases.append((name, functools.partial(
+                  _check_one, pop, batch, out_f, in_f, kind, offset, rank, shared, antithetic,
+                  implementation)))
+  return cases
+
+
+def _check_one(pop, batch, out_f, in_f, kind, offset, rank, shared, antithetic, implementation):
+  keys = jax.random.split(jax.random.key(pop * 7 + rank), 5)
+  x = jax.random.normal(keys[0], (batch, in_f) if shared else (pop, batch, in_f))
+  weight = 0.1 * jax.random.normal(keys[1], (out_f, in_f))
+  bias = jax.random.normal(keys[2], (out_f,))
+  seeds = jaxnoise.draw_seeds(keys[3], pop, antithetic=antithetic)
+  fitness = jax.random.normal(keys[4], (pop,))
+  common = dict(kind=kind, antithetic=antithetic, rank=rank)
+
+  def loss(impl, x, weight, bias):
+    y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, 0.05, offset,
+                                          implementation=impl, **common)
+    return jnp.sum(jnp.sin(y)), y
+
+  grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3), has_aux=True), static_argnums=0)
+  (gx, gw, gb), y = grad(implementation, x, weight, bias)
+  (rgx, rgw, rgb), ry = grad("reference", x, weight, bias)
+  gradient = jax.jit(lambda f: jaxnoise.virtual_weight_gradient(
+      f, seeds, (out_f, in_f), 0.05, None, offset, implementation=implementation, **common))
+  reference_gradient = jaxnoise.virtual_weight_gradient(
+      fitness, seeds, (out_f, in_f), 0.05, None, offset, implementation="reference", **common)
+  errors = {
+      "forward": _relative_error(y, ry),
+      "grad_x": _relative_error(gx, rgx),
+      "grad_w": _relative_error(gw, rgw),
+      "grad_b": _relative_error(gb, rgb),
+      "weight_gradient": _relative_error(gradient(fitness), reference_gradient),
+  }
+  worst = max(errors.values())
+  # TF32 products on the GPU: about 1e-3 relative; the interpreter is exact f32.
+  bound = 1e-2 if implementation == "pallas" else 1e-4
+  record = {"max_rel_error": worst, **errors, "ok": worst < bound}
+  if not record["ok"]:
+    raise AssertionError(f"relative error {worst:.3g} above {bound}: {errors}")
+  return record
+
+
+def _load_eggroll(path: str | None):
+  if not path:
+    return None
+  sys.path.insert(0, os.path.abspath(path))
+  try:
+    return importlib.import_module("hyperscalees_noiser.eggroll").EggRoll
+  except ImportError as error:
+    print(f"EGGROLL's code not importable from {path}: {error}", flush=True)
+    return None
+
+
+def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kinds, ranks):
+  pop, features = (8, 256) if quick else (1024, 8192)
+  dtypes = ["float32"] if quick else ["bfloat16", "float32"]
+  eggroll = _load_eggroll(eggroll_path)
+  cases = []
+  for dtype_name in dtypes:
+    dtype = jnp.dtype(dtype_name)
+    shared = {}
+
+    def setup(dtype=dtype, shared=shared):
+      if not shared:
+        keys = jax.random.split(jax.random.key(0), 2)
+        shared["x"] = jax.random.normal(keys[0], (pop, 1, features), dtype)
+        shared["w"] = (jax.random.normal(keys[1], (features, features), jnp.float32)
+                       / np.sqrt(features)).astype(dtype)
+        shared["seeds"] = jaxnoise.draw_seeds(jax.random.key(1), pop, antithetic=True)
+      return shared
+
+    def inference(dtype=dtype, setup=setup):
+      data = setup()
+      fn = jax.jit(lambda x, w: jnp.dot(x[:, 0], w.T))
+      seconds = _harness.median_time(fn, data["x"], data["w"], repeats=20)
+      data["inference_s"] = seconds
+      return {"ms": seconds * 1e3, "dtype": str(dtype), "variant": "inference"}
+
+    cases.append((f"inference {dtype_name}", inference))
+    for rank in ranks:
+      if eggroll is not None:
+        cases.append((f"eggroll {dtype_name} rank={rank}",
+                      functools.partial(_eggroll_case, eggroll, setup, rank, dtype)))
+      for kind in kinds:
+        for materialize in (False, True):
+          if materialize and kind != kinds[0]:
+            continue
+          cases.append((f"jaxnoise {dtype_name} {kind} rank={rank}"
+                        f"{' materialized' if materialize else ''}",
+                        functools.partial(_jaxnoise_case, setup, rank, kind, dtype, materialize,
+                                          implementation)))
+    for rank in (1, 4):
+      for variant in _config_variants(features, rank):
+        cases.append((f"variant {dtype_name} {kinds[0]} rank={rank} {variant}",
+                      functools.partial(_jaxnoise_case, setup, rank, kinds[0], dtype, False,
+                                        implementation, variant)))
+    for rank in (1, 4):
+      for optimizer in ("sgd", "adam"):
+        cases.append((f"es step {dtype_name} {kinds[0]} rank={rank} {optimizer}",
+                      functools.partial(_step_case, setup, rank, kinds[0], dtype, optimizer,
+                                        implementation)))
+  return cases
+
+
+def _config_variants(features, rank):
+  base = config_lib.low_rank_linear_heuristics(1, features, features, rank)
+  widths = sorted({min(features, w) for w in (256, 1024, 2048, 4096)})
+  variants = [config_lib.LowRankLinearConfig(block_batch=1, block_reduce=w, block_emit=w,
+                                             num_warps=warps, num_stages=stages)
+              for w in widths for warps in (4, 8) for stages in (1, 2)]
+  return [v for v in variants if v != base]
+
+
+def _fraction(data, seconds):
+  return data["inference_s"] / seconds if "inference_s" in data else None
+
+
+def _eggroll_case(eggroll, setup, rank, dtype):
+  data = setup()
+  frozen, noiser = eggroll.init_noiser({"w": data["w"]}, 0.01, 1e-3, rank=rank)
+  key = jax.random.key(2)
+
+  def forward(x, w):
+    def one(x_i, thread):
+      return eggroll.do_mm(frozen, noiser, w, key, (0, thread), x_i)
+    return jax.vmap(one)(x[:, 0], jnp.arange(x.shape[0]))
+
+  seconds = _harness.median_time(jax.jit(forward), data["x"], data["w"], repeats=20)
+  return {"ms": seconds * 1e3, "fraction_of_inference": _fraction(data, seconds),
+          "rank": rank, "dtype": str(dtype), "variant": "eggroll"}
+
+
+def _jaxnoise_case(setup, rank, kind, dtype, materialize, implementation, config=None):
+  data = setup()
+  features = data["w"].shape[0]
+  if config is None:
+    config = config_lib.low_rank_linear_heuristics(1, features, features, rank)
+  if materialize:
+    config = config_lib.LowRankLinearConfig(materialize=True)
+  fn = jax.jit(lambda x, w, seeds: jaxnoise.virtual_perturbed_linear(
+      x, w, None, seeds, 0.01, 0, kind=kind, antithetic=True, rank=rank, out_dtype=dtype,
+      implementation=implementation, config=config))
+  seconds = _harness.median_time(fn, data["x"], data["w"], data["seeds"], repeats=20)
+  return {"ms": seconds * 1e3, "fraction_of_inference": _fraction(data, seconds), "rank": rank,
+          "kind": kind, "dtype": str(dtype),
+          "variant": "materialized" if materialize else "kernel", "config": str(config)}
+
+
+def _step_case(setup, rank, kind, dtype, optimizer_name, implementation):
+  """Forward for every member, the gradient estimate and the update of the layer."""
+  data = setup()
+  optimizer = optax.sgd(1e-3) if optimizer_name == "sgd" else optax.adam(1e-3)
+  weight = jnp.array(data["w"], jnp.float32, copy=True)  # donated by the step
+  opt_state = optimizer.init(weight)
+
+  def step(weight, opt_state, x, seeds):
+    y = jaxnoise.virtual_perturbed_linear(
+        x, weight.astype(dtype), None, seeds, 0.01, 0, kind=kind, antithetic=True, rank=rank,
+        out_dtype=dtype, implementation=implementation)
+    fitness = jnp.mean(jnp.square(y.astype(jnp.float32) - 0.5), axis=(1, 2))
+    fitness = jaxnoise.optim.centered_rank(fitness)
+    gradient = jaxnoise.virtual_weight_gradient(
+        fitness, seeds, weight.shape, 0.01, None, 0, kind=kind, antithetic=True, rank=rank,
+        implementation=implementation)
+    updates, opt_state = optimizer.update(gradient, opt_state, weight)
+    return optax.apply_updates(weight, updates), opt_state
+
+  step = jax.jit(step, donate_argnums=(0, 1))
+  state = {"weight": weight, "opt": opt_state}
+
+  def run(x, seeds):
+    state["weight"], state["opt"] = step(state["weight"], state["opt"], x, seeds)
+    return state["weight"]
+
+  seconds = _harness.median_time(run, data["x"], data["seeds"], repeats=10)
+  gemm = data.get("inference_s")
+  return {"ms": seconds * 1e3, "rank": rank, "kind": kind, "dtype": str(dtype),
+          "optimizer": optimizer_name, "variant": "es_step",
+          "ratio_to_inference_plus_gemm": seconds / (2 * gemm) if gemm else None}
+
+
+def plot(results, path):
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  rows = [r for r in results if "fraction_of_inference" in r and r.get("fraction_of_inference")]
+  dtypes = sorted({r["dtype"] for r in rows})
+  if not dtypes:
+    return
+  fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4), squeeze=False)
+  for ax, dtype in zip(axes[0], dtypes):
+    series = {}
+    for r in rows:
+      if r["dtype"] != dtype:
+        continue
+      label = r["variant"] if r["variant"] == "eggroll" else f"jaxnoise {r['kind']} {r['variant']}"
+      series.setdefault(label, []).append((r["rank"], r["fraction_of_inference"]))
+    for label, points in sorted(series.items()):
+      points.sort()
+      ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=label)
+    ax.axhline(95, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rank")
+    ax.set_ylabel("% of batch-inference throughput")
+    ax.set_title(f"1024 members x 8192x8192, {dtype}")
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--check", action="store_true", help="compiled kernels vs the reference")
+  parser.add_argument("--bench", action="store_true", help="EGGROLL's benchmark and an ES step")
+  parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU, interpreter)")
+  parser.add_argument("--out", default="benchmarks/out", help="output folder")
+  parser.add_argument("--eggroll-path", default=".peers",
+                      help="folder holding hyperscalees_noiser/ (EGGROLL's public noiser code)")
+  parser.add_argument("--kinds", default="", help="comma-separated kinds (default: all)")
+  parser.add_argument("--ranks", default="1,2,4,8,16", help="comma-separated ranks")
+  parser.add_argument("--only", default="", help="run cases whose name contains this")
+  parser.add_argument("--budget", type=float, default=480.0, help="seconds before skipping")
+  args = parser.parse_args()
+  implementation = "pallas" if jax.default_backend() == "gpu" else "interpret"
+  kinds = [k for k in args.kinds.split(",") if k] or sorted(
+      noise_lib.KINDS, key=lambda k: k != noise_lib.DEFAULT_KIND)
+  ranks = [int(r) for r in args.ranks.split(",")] if not args.quick else [1, 2]
+  cases = []
+  if args.check:
+    cases += check_cases(args.quick, implementation)
+  if args.bench:
+    cases += bench_cases(args.quick, implementation, args.eggroll_path, kinds, ranks)
+  budget = _harness.Budget(args.budget)
+  results = []
+  for name, fn in cases:
+    if args.only and args.only not in name:
+      continue
+    _harness.run_case(results, name, fn, budget)
+  payload = {"facts": _harness.device_facts(), "results": results}
+  _harness.write_json(os.path.join(args.out, "low_rank.json"), payload)
+  bench_rows = [r for r in results if "ms" in r]
+  if bench_rows:
+    print(_harness.table(bench_rows, ["case", "ms", "fraction_of_inference",
+                                      "ratio_to_inference_plus_gemm"]))
+    plot(results, os.path.join(args.out, "low_rank.png"))
+  failed = [r for r in results if "error" in r]
+  print(f"{len(results)} cases, {len(failed)} errors")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
