@@ -147,6 +147,7 @@ class _LinearSpec:
   implementation: str
   config: Any
   out_dtype: Any
+  rank: int | None = None
 
 
 def _population_linear_body(spec: _LinearSpec, x, weight, bias, seeds, sigma):
@@ -162,7 +163,7 @@ def _population_linear_body(spec: _LinearSpec, x, weight, bias, seeds, sigma):
   y = ops.virtual_perturbed_linear(
       rows, weight, bias, seeds, sigma, spec.offset, kind=spec.kind,
       antithetic=spec.antithetic, implementation=spec.implementation, config=spec.config,
-      out_dtype=spec.out_dtype)
+      out_dtype=spec.out_dtype, rank=spec.rank)
   return y.reshape((pop,) + lead + (out_features,))
 
 
@@ -242,7 +243,8 @@ def _batched_and_differentiable(spec, body_fn, rule_fn):
   return differentiable
 
 
-def _linear_spec(offset, kind, antithetic, shared_x, implementation, config, out_dtype):
+def _linear_spec(offset, kind, antithetic, shared_x, implementation, config, out_dtype,
+                 rank=None):
   return _LinearSpec(
       offset=noise_lib.check_offset(offset),
       kind=noise_lib.get_kind(kind),
@@ -251,6 +253,7 @@ def _linear_spec(offset, kind, antithetic, shared_x, implementation, config, out
       implementation=_common.resolve_implementation(implementation),
       config=config,
       out_dtype=jnp.dtype(out_dtype),
+      rank=noise_lib.check_rank(rank),
   )
 
 
@@ -266,6 +269,7 @@ def perturbed_linear(
     implementation: str = "auto",
     config: Any = None,
     out_dtype: Any = jnp.float32,
+    rank: int | None = None,
 ) -> jax.Array:
   """One individual's perturbed linear layer; ``jax.vmap`` over seeds is one op call.
 
@@ -286,6 +290,8 @@ def perturbed_linear(
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
     config: hashable kernel config or None.
     out_dtype: output dtype.
+    rank: None (full-rank noise) or a positive int: the low-rank noise
+      ``A B^T / sqrt(rank)`` of :func:`jaxnoise.virtual_perturbed_linear`.
 
   Returns:
     ``(*lead, out)`` array of ``out_dtype``.
@@ -303,7 +309,7 @@ def perturbed_linear(
   x, weight, bias = _check_linear_args(x, weight, bias)
   seed = as_seed(seed)
   sigma = _common.check_sigma(sigma)
-  spec = _linear_spec(offset, kind, False, True, implementation, config, out_dtype)
+  spec = _linear_spec(offset, kind, False, True, implementation, config, out_dtype, rank)
   return _population_linear(spec)(x, weight, bias, seed[None], sigma)[0]
 
 
@@ -320,6 +326,7 @@ def perturbed_linear_pair(
     implementation: str = "auto",
     config: Any = None,
     out_dtype: Any = jnp.float32,
+    rank: int | None = None,
 ) -> jax.Array:
   """Both members of an antithetic pair; ``jax.vmap`` over pair seeds is one op call.
 
@@ -342,6 +349,7 @@ def perturbed_linear_pair(
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
     config: hashable kernel config or None.
     out_dtype: output dtype.
+    rank: None (full-rank noise) or a positive int (low-rank noise).
 
   Returns:
     ``(2, *lead, out)``: ``[+sigma member, -sigma member]``.
@@ -359,7 +367,8 @@ def perturbed_linear_pair(
                      f"pair member), got {_common.describe(x)}")
   seed = as_seed(seed)
   sigma = _common.check_sigma(sigma)
-  spec = _linear_spec(offset, kind, True, not per_member_x, implementation, config, out_dtype)
+  spec = _linear_spec(offset, kind, True, not per_member_x, implementation, config, out_dtype,
+                      rank)
   return _population_linear(spec)(x, weight, bias, jnp.stack([seed, seed]), sigma)
 
 
@@ -403,7 +412,7 @@ def _member_linear(spec: _LinearSpec):
 
 def antithetic_member_linear(x, weight, bias, seed, sign, sigma, offset=0, *,
                              kind=noise_lib.DEFAULT_KIND, implementation="auto", config=None,
-                             out_dtype=jnp.float32):
+                             out_dtype=jnp.float32, rank=None):
   """Internal: one member of an antithetic population, sign given as an array.
 
   Only valid under a ``jax.vmap`` whose axis is a whole antithetic population
@@ -413,7 +422,7 @@ def antithetic_member_linear(x, weight, bias, seed, sign, sigma, offset=0, *,
   signs' values.
   """
   x, weight, bias = _check_linear_args(x, weight, bias)
-  spec = _linear_spec(offset, kind, True, True, implementation, config, out_dtype)
+  spec = _linear_spec(offset, kind, True, True, implementation, config, out_dtype, rank)
   return _member_linear(spec)(x, weight, bias, as_seed(seed),
                               jnp.asarray(sign, jnp.float32), _common.check_sigma(sigma))
 
@@ -504,6 +513,7 @@ def individual_noise(
     offset: int = 0,
     *,
     kind: str = noise_lib.DEFAULT_KIND,
+    rank: int | None = None,
 ) -> jax.Array:
   """One individual's noise block: row ``i`` of :func:`jaxnoise.virtual_noise`.
 
@@ -512,6 +522,7 @@ def individual_noise(
     shape: block shape (flattened row-major from ``offset``).
     offset: element index of the block's first element.
     kind: noise kind.
+    rank: None, or the rank of a 2-D block's low-rank noise.
 
   Returns:
     float32 array of ``shape``.
@@ -521,7 +532,7 @@ def individual_noise(
     >>> individual_noise(3, (2, 5), offset=7).shape
     (2, 5)
   """
-  return noise_lib.virtual_noise(as_seed(seed)[None], shape, offset, kind=kind)[0]
+  return noise_lib.virtual_noise(as_seed(seed)[None], shape, offset, kind=kind, rank=rank)[0]
 
 
 def perturb(

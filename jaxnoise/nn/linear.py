@@ -56,6 +56,7 @@ class FusedLinearNoise:
   implementation: str
   config: Any
   perturb_bias: bool
+  rank: int | None = None
 
 
 _ACTIVE = threading.local()
@@ -125,7 +126,7 @@ class VirtualLinear(nnx.Linear):
     inputs, kernel, bias = _promoted(self, inputs)
     fused_bias = bias if noise.perturb_bias else None
     common = dict(kind=noise.kind, implementation=noise.implementation, config=noise.config,
-                  out_dtype=inputs.dtype)
+                  out_dtype=inputs.dtype, rank=noise.rank)
     if noise.antithetic:
       y = batching.antithetic_member_linear(inputs, kernel.T, fused_bias, noise.seed,
                                             noise.sign, noise.sigma, noise.offset, **common)
@@ -148,6 +149,7 @@ class VirtualLinear(nnx.Linear):
       antithetic: bool = False,
       implementation: str = "auto",
       config: Any = None,
+      rank: int | None = None,
   ) -> jax.Array:
     """The layer for every individual: ``x @ (kernel + sigma N_i^T) + (bias + sigma nb_i)``.
 
@@ -166,6 +168,8 @@ class VirtualLinear(nnx.Linear):
       antithetic: antithetic pairs (see :func:`jaxnoise.virtual_perturbed_linear`).
       implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
       config: hashable kernel config or None.
+      rank: None (full-rank noise) or a positive int: ``N_i = A_i B_i^T /
+        sqrt(rank)`` (see :func:`jaxnoise.virtual_perturbed_linear`).
 
     Returns:
       ``(pop, *lead, out)``.
@@ -181,7 +185,7 @@ class VirtualLinear(nnx.Linear):
       raise ValueError(f"antithetic=True needs an even population, got seeds {seeds.shape}")
     spec = batching._linear_spec(  # pylint: disable=protected-access
         offset, kind, antithetic, not per_individual_inputs, implementation, config,
-        inputs.dtype)
+        inputs.dtype, rank)
     return batching._population_linear(spec)(  # pylint: disable=protected-access
         inputs, weight, bias, seeds, _common.check_sigma(sigma))
 
@@ -195,6 +199,7 @@ class VirtualLinear(nnx.Linear):
       kind: str = noise_lib.DEFAULT_KIND,
       implementation: str = "auto",
       config: Any = None,
+      rank: int | None = None,
   ) -> jax.Array:
     """The layer for one individual; ``jax.vmap`` over seeds is one op call.
 
@@ -206,6 +211,7 @@ class VirtualLinear(nnx.Linear):
       kind: noise kind.
       implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
       config: hashable kernel config or None.
+      rank: None (full-rank noise) or a positive int (low-rank noise).
 
     Returns:
       ``(*lead, out)``.
@@ -221,4 +227,4 @@ class VirtualLinear(nnx.Linear):
     inputs, kernel, bias = _promoted(self, inputs)
     return batching.perturbed_linear(inputs, kernel.T, bias, seed, sigma, offset, kind=kind,
                                      implementation=implementation, config=config,
-                                     out_dtype=inputs.dtype)
+                                     out_dtype=inputs.dtype, rank=rank)

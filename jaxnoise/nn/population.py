@@ -33,6 +33,13 @@ Offset order (the documented, stable layout)
    skipped when its own path comes up. Any other leaf is flattened row-major
    as stored.
 
+Low rank (``rank=r``): a linear layer's kernel owns the ``r * (out + in)``
+indices of its low-rank factors (:mod:`jaxnoise.noise`, "Low-rank layout")
+and its bias follows at ``kernel offset + r * (out + in)``; in a plain pytree
+every 2-D leaf is a matrix stored ``(rows, cols)`` and takes ``r * (rows +
+cols)`` indices. Every other leaf (biases, embeddings, norms, higher-rank
+arrays) stays full rank.
+
 "Linear layer" means an ``nnx.Linear`` instance (``VirtualLinear`` and other
 subclasses included) found with ``nnx.iter_modules`` whose 2-D kernel is
 perturbed; plain pytrees have no linear layers (store weights ``(out, in)`` and
@@ -68,6 +75,7 @@ from jaxnoise import noise as noise_lib
 from jaxnoise.nn import linear as linear_lib
 from jaxnoise.ops import _common
 from jaxnoise.ops.virtual_noise import api as ops
+from jaxnoise.ops.virtual_noise import config as config_lib
 
 __all__ = [
     "LinearBlock",
@@ -99,6 +107,7 @@ class NoiseBlock:
       is the ``(out, in)`` view's, transposed.
     fused_linear: module path of the linear layer whose fused call perturbs
       this leaf in :func:`population_apply` (None: perturbed in plain JAX).
+    rank: the rank of the leaf's low-rank noise, or None (full rank).
   """
 
   path: Path
@@ -106,6 +115,7 @@ class NoiseBlock:
   offset: int | None
   transposed: bool = False
   fused_linear: Path | None = None
+  rank: int | None = None
 
   @property
   def noise_shape(self) -> tuple[int, ...]:
@@ -144,11 +154,13 @@ class ParameterLayout:
     blocks: one :class:`NoiseBlock` per leaf, in the tree's flatten order.
     linears: the linear layers, sorted by offset.
     size: total number of noise elements (the next free index).
+    rank: the rank of the matrices' low-rank noise, or None (full rank).
   """
 
   blocks: tuple[NoiseBlock, ...]
   linears: tuple[LinearBlock, ...]
   size: int
+  rank: int | None = None
 
   def offset(self, path: Sequence[Any] | str) -> int:
     """Offset of the leaf at ``path`` (a tuple, or a ``"a/0/kernel"`` string)."""
@@ -165,8 +177,9 @@ class ParameterLayout:
     rows = [("offset", "size", "shape", "path")]
     sizes = {}
     for linear in self.linears:
-      sizes[linear.module_path] = linear.in_features * linear.out_features + (
-          linear.out_features if linear.perturb_bias else 0)
+      sizes[linear.module_path] = noise_lib.noise_block_size(
+          (linear.out_features, linear.in_features), self.rank) + (
+              linear.out_features if linear.perturb_bias else 0)
     for block in sorted((b for b in self.blocks if b.offset is not None),
                         key=lambda b: (b.offset, _path_sort_key(b.path))):
       name = _format_path(block.path)
@@ -177,7 +190,7 @@ class ParameterLayout:
         size = "-"
         name += " (after its kernel)"
       else:
-        size = str(math.prod(block.shape))
+        size = str(noise_lib.noise_block_size(block.shape, block.rank))
       rows.append((str(block.offset), size, str(block.noise_shape), name))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:>{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}"
@@ -233,7 +246,8 @@ def _fusable(module) -> bool:
           and type(module).__call__ is linear_lib.VirtualLinear.__call__)
 
 
-def parameter_layout(tree_or_model: Any, *, wrt: Any = nnx.Param) -> ParameterLayout:
+def parameter_layout(tree_or_model: Any, *, wrt: Any = nnx.Param,
+                     rank: int | None = None) -> ParameterLayout:
   """The noise layout of an ``nnx`` model's parameters or of a plain pytree.
 
   Args:
@@ -241,6 +255,8 @@ def parameter_layout(tree_or_model: Any, *, wrt: Any = nnx.Param) -> ParameterLa
       out, linear kernels in the ``(out, in)`` view) or any pytree of arrays
       (laid out row-major as stored).
     wrt: ``nnx`` filter selecting the perturbed state of a model.
+    rank: None (full rank), or the rank of the low-rank noise of the linear
+      kernels (of every 2-D leaf of a plain pytree).
 
   Returns:
     The :class:`ParameterLayout` (see the module docstring for the order).
@@ -250,7 +266,10 @@ def parameter_layout(tree_or_model: Any, *, wrt: Any = nnx.Param) -> ParameterLa
     >>> layout = parameter_layout({"w": jnp.zeros((2, 3)), "b": jnp.zeros(2)})
     >>> layout.offset("b"), layout.offset("w"), layout.size
     (0, 2, 8)
+    >>> parameter_layout({"w": jnp.zeros((2, 3)), "b": jnp.zeros(2)}, rank=1).size
+    7
   """
+  rank = noise_lib.check_rank(rank)
   linear_modules: dict[Path, Any] = {}
   if isinstance(tree_or_model, nnx.Module):
     params = nnx.state(tree_or_model, wrt)
@@ -277,6 +296,8 @@ def parameter_layout(tree_or_model: Any, *, wrt: Any = nnx.Param) -> ParameterLa
     if perturb_bias:
       attached_biases[bias_path] = module_path
 
+  is_model = isinstance(tree_or_model, nnx.Module)
+  ranks: dict[Path, int | None] = {}
   offsets: dict[Path, int] = {}
   linears = []
   next_offset = 0
@@ -286,14 +307,18 @@ def parameter_layout(tree_or_model: Any, *, wrt: Any = nnx.Param) -> ParameterLa
     offsets[path] = next_offset
     if path in linear_by_kernel:
       module_path, module, perturb_bias = linear_by_kernel[path]
-      in_features, out_features = np.shape(perturbed[path])
-      linears.append(LinearBlock(module_path, next_offset, int(in_features), int(out_features),
+      in_features, out_features = (int(d) for d in np.shape(perturbed[path]))
+      linears.append(LinearBlock(module_path, next_offset, in_features, out_features,
                                  perturb_bias, _fusable(module)))
+      ranks[path] = rank
+      kernel_size = noise_lib.noise_block_size((out_features, in_features), rank)
       if perturb_bias:
-        offsets[module_path + ("bias",)] = next_offset + in_features * out_features
-      next_offset += in_features * out_features + (out_features if perturb_bias else 0)
+        offsets[module_path + ("bias",)] = next_offset + kernel_size
+      next_offset += kernel_size + (out_features if perturb_bias else 0)
     else:
-      next_offset += math.prod(np.shape(perturbed[path]))
+      shape = np.shape(perturbed[path])
+      ranks[path] = rank if (not is_model and len(shape) == 2) else None
+      next_offset += noise_lib.noise_block_size(shape, ranks[path])
 
   fusable_by_path = {l.module_path: l for l in linears if l.fusable}
   blocks = []
@@ -306,8 +331,9 @@ def parameter_layout(tree_or_model: Any, *, wrt: Any = nnx.Param) -> ParameterLa
         offset=offsets.get(path),
         transposed=path in linear_by_kernel,
         fused_linear=module_path if in_linear and module_path in fusable_by_path else None,
+        rank=ranks.get(path),
     ))
-  return ParameterLayout(tuple(blocks), tuple(linears), next_offset)
+  return ParameterLayout(tuple(blocks), tuple(linears), next_offset, rank)
 
 
 def _matched_leaves(layout: ParameterLayout, tree, name: str):
@@ -325,15 +351,20 @@ def _matched_leaves(layout: ParameterLayout, tree, name: str):
   return leaves, treedef
 
 
-def _params_and_layout(model_or_params, layout, wrt):
+def _params_and_layout(model_or_params, layout, wrt, rank=None):
+  rank = noise_lib.check_rank(rank)
   if isinstance(model_or_params, nnx.Module):
     params = nnx.state(model_or_params, wrt)
-    layout = layout if layout is not None else parameter_layout(model_or_params, wrt=wrt)
+    if layout is None:
+      layout = parameter_layout(model_or_params, wrt=wrt, rank=rank)
   else:
     params = model_or_params
-    layout = layout if layout is not None else parameter_layout(params)
+    layout = layout if layout is not None else parameter_layout(params, rank=rank)
   if not isinstance(layout, ParameterLayout):
     raise TypeError(f"layout must be a ParameterLayout, got {type(layout).__name__}")
+  if rank is not None and layout.rank != rank:
+    raise ValueError(f"rank={rank} does not match the layout's rank={layout.rank}; build the "
+                     "layout with the same rank or leave rank out")
   return params, layout
 
 
@@ -342,7 +373,8 @@ def _params_and_layout(model_or_params, layout, wrt):
 
 
 def _perturb_leaf(leaf, block: NoiseBlock, seed, scale, kind):
-  noise = batching.individual_noise(seed, block.noise_shape, block.offset, kind=kind)
+  noise = batching.individual_noise(seed, block.noise_shape, block.offset, kind=kind,
+                                    rank=block.rank)
   if block.transposed:
     noise = noise.T
   # Same arithmetic as the ops: float32(W) + (sigma * sign) * noise.
@@ -358,6 +390,7 @@ def perturb_params(
     sign: float | jax.Array = 1.0,
     kind: str = noise_lib.DEFAULT_KIND,
     skip_fused: bool = False,
+    rank: int | None = None,
 ) -> Any:
   """One individual's parameters ``params + sigma * sign * noise(seed)``.
 
@@ -377,6 +410,8 @@ def perturb_params(
     kind: noise kind.
     skip_fused: leave the leaves of fusable linear layers unperturbed (their
       fused call perturbs them).
+    rank: low-rank noise for the matrices (see :func:`parameter_layout`);
+      must match ``layout``'s when both are given.
 
   Returns:
     A tree like ``params``.
@@ -387,7 +422,7 @@ def perturb_params(
     >>> perturb_params(params, 7, 0.1)["w"].shape
     (2, 3)
   """
-  params, layout = _params_and_layout(params, layout, nnx.Param)
+  params, layout = _params_and_layout(params, layout, nnx.Param, rank)
   leaves, treedef = _matched_leaves(layout, params, "params")
   scale = _common.check_sigma(sigma) * jnp.asarray(sign, jnp.float32)
   seed = batching.as_seed(seed)
@@ -418,6 +453,7 @@ def population_apply(
     config: Any = None,
     wrt: Any = nnx.Param,
     fuse_linear: bool = True,
+    rank: int | None = None,
 ) -> Any:
   """Evaluate ``fn(perturbed_model, *args)`` for every individual of a population.
 
@@ -451,6 +487,9 @@ def population_apply(
     config: hashable kernel config or None.
     wrt: ``nnx`` filter of the perturbed state.
     fuse_linear: fuse linear layers (see above).
+    rank: None (full rank), or the rank of the linear kernels' low-rank noise
+      ``A_i B_i^T / sqrt(rank)`` (see :func:`parameter_layout`); every other
+      parameter stays full rank.
 
   Returns:
     ``fn``'s output with a leading ``(pop,)`` axis on every leaf.
@@ -478,7 +517,7 @@ def population_apply(
   sigma = _common.check_sigma(sigma)
   kind = noise_lib.get_kind(kind)
   implementation = _common.resolve_implementation(implementation)
-  layout = parameter_layout(model, wrt=wrt)
+  layout = parameter_layout(model, wrt=wrt, rank=rank)
   graphdef, params, rest = nnx.split(model, wrt, ...)
   fused = {l.module_path: l for l in layout.linears if l.fusable} if fuse_linear else {}
   token = next(_FUSED_TOKENS)
@@ -500,7 +539,7 @@ def population_apply(
       registry[key] = linear_lib.FusedLinearNoise(
           seed=seed, sign=sign, sigma=sigma, offset=linear.offset, kind=kind,
           antithetic=antithetic, implementation=implementation, config=config,
-          perturb_bias=linear.perturb_bias)
+          perturb_bias=linear.perturb_bias, rank=layout.rank)
     with linear_lib.fused_noise_scope(registry):
       return fn(member, *args)
 
@@ -516,7 +555,11 @@ def _leaf_gradient(block: NoiseBlock, fitness, seeds, sigma, pop_size, kind, ant
                    implementation, config):
   common = dict(kind=kind, antithetic=antithetic, implementation=implementation, config=config)
   shape = block.noise_shape
-  if len(shape) >= 2:
+  if block.rank is not None:
+    common["config"] = config if isinstance(config, config_lib.LowRankGradientConfig) else None
+    grad = ops.virtual_weight_gradient(fitness, seeds, shape, sigma, pop_size, block.offset,
+                                       rank=block.rank, **common)
+  elif len(shape) >= 2:
     rows = (math.prod(shape[:-1]), shape[-1])
     grad = ops.virtual_weight_gradient(fitness, seeds, rows, sigma, pop_size, block.offset,
                                        **common).reshape(shape)
@@ -539,6 +582,7 @@ def fitness_gradient(
     wrt: Any = nnx.Param,
     layout: ParameterLayout | None = None,
     pop_size: int | None = None,
+    rank: int | None = None,
 ) -> Any:
   """ES estimate of the gradient of expected fitness for every parameter.
 
@@ -561,6 +605,8 @@ def fitness_gradient(
     wrt: ``nnx`` filter of the perturbed state (models only).
     layout: layout override (default: :func:`parameter_layout`).
     pop_size: divisor's population size (default ``len(fitness)``).
+    rank: low-rank noise of the matrices, as in :func:`population_apply`
+      (must match ``layout``'s when both are given).
 
   Returns:
     A tree like the parameters; unperturbed (non-float) leaves get zeros.
@@ -573,7 +619,7 @@ def fitness_gradient(
     >>> grad["w"].shape
     (2, 3)
   """
-  params, layout = _params_and_layout(model_or_params, layout, wrt)
+  params, layout = _params_and_layout(model_or_params, layout, wrt, rank)
   leaves, treedef = _matched_leaves(layout, params, "params")
   seeds = noise_lib.as_seeds(seeds)
   fitness = _common.check_float_array(fitness, "fitness", (1,))

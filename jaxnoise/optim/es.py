@@ -228,6 +228,8 @@ class EvolutionStrategy:
     layout: explicit :class:`~jaxnoise.nn.population.ParameterLayout` (e.g.
       of an ``nnx.State``), or None to derive it from ``params``.
     seed: integer seed of the default key.
+    rank: None (full rank), or the rank of the low-rank noise of the
+      matrices (linear kernels of a model, 2-D leaves of a pytree).
   """
 
   sigma: float
@@ -244,6 +246,7 @@ class EvolutionStrategy:
   wrt: Any = nnx.Param
   layout: population_lib.ParameterLayout | None = None
   seed: int = 0
+  rank: int | None = None
 
   # -- parameters ---------------------------------------------------------
 
@@ -256,8 +259,8 @@ class EvolutionStrategy:
     if self.layout is not None:
       return self.layout
     if isinstance(params, nnx.Module):
-      return population_lib.parameter_layout(params, wrt=self.wrt)
-    return population_lib.parameter_layout(params)
+      return population_lib.parameter_layout(params, wrt=self.wrt, rank=self.rank)
+    return population_lib.parameter_layout(params, rank=self.rank)
 
   # -- API ----------------------------------------------------------------
 
@@ -315,7 +318,7 @@ class EvolutionStrategy:
     """:func:`~jaxnoise.nn.population.population_apply` with this ES's settings."""
     return population_lib.population_apply(
         model, seeds, self.sigma, fn, *args, kind=self.kind, antithetic=self.antithetic,
-        implementation=self.implementation, config=self.config, wrt=self.wrt)
+        implementation=self.implementation, config=self.config, wrt=self.wrt, rank=self.rank)
 
   def gradient(self, fitness: jax.Array, seeds: jax.Array, params: Any) -> Any:
     """The ES ascent direction from shaped fitness (no optimizer, no decay)."""
@@ -394,6 +397,7 @@ def evolution_strategy(
     wrt: Any = nnx.Param,
     layout: population_lib.ParameterLayout | None = None,
     seed: int = 0,
+    rank: int | None = None,
 ) -> EvolutionStrategy:
   """An ES transform that feeds its virtual-noise gradient to ``optimizer``.
 
@@ -412,6 +416,10 @@ def evolution_strategy(
     wrt: ``nnx`` filter of a model's ES parameters.
     layout: explicit parameter layout, or None to derive it from ``params``.
     seed: integer seed of the default key.
+    rank: None (full-rank noise), or a positive int: every linear kernel of a
+      model (every 2-D leaf of a pytree) is perturbed by ``A_i B_i^T /
+      sqrt(rank)``, which needs ``rank * (out + in)`` noise values per
+      individual instead of ``out * in``; other leaves stay full rank.
 
   Returns:
     An :class:`EvolutionStrategy`.
@@ -442,9 +450,12 @@ def evolution_strategy(
                      f"{implementation!r}")
   if layout is not None and not isinstance(layout, population_lib.ParameterLayout):
     raise TypeError(f"layout must be a ParameterLayout or None, got {type(layout).__name__}")
+  rank = noise_lib.check_rank(rank)
+  if layout is not None and rank is not None and layout.rank != rank:
+    raise ValueError(f"rank={rank} does not match the layout's rank={layout.rank}")
   return EvolutionStrategy(
       sigma=float(sigma), optimizer=optimizer, pop_size=pop_size, antithetic=bool(antithetic),
       fitness_shaping=fitness_shaping, maximize=bool(maximize), weight_decay=weight_decay,
       nonfinite=nonfinite, kind=noise_lib.get_kind(kind).name,
       implementation=implementation, config=config, wrt=wrt,
-      layout=layout, seed=int(seed))
+      layout=layout, seed=int(seed), rank=rank)

@@ -1,0 +1,359 @@
+"""Low-rank virtual noise: the contract, the ops (reference and interpreted kernel), nn, optim.
+
+Every comparison is against an independent construction: the noise at the
+documented indices (``virtual_noise`` of the ``(r, out + in)`` factor block),
+and ``E_i = A_i B_i^T / sqrt(r)`` multiplied out in float32 at HIGHEST
+precision.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxnoise
+from jaxnoise import batching
+from jaxnoise import noise as noise_lib
+from jaxnoise.ops.virtual_noise import config as config_lib
+
+KINDS = sorted(noise_lib.KINDS)
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _seeds(rng, pop, antithetic=False):
+  return jaxnoise.draw_seeds(jax.random.key(int(rng.integers(1 << 30))), pop,
+                             antithetic=antithetic)
+
+
+def _normal(rng, shape, dtype=jnp.float32):
+  return jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
+
+
+# ----------------------------------------------------------------------------
+# The contract.
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("offset", [0, 13, (1 << 32) - 50, (1 << 40) + 3])
+def test_factors_are_the_noise_at_the_documented_indices(rng, kind, offset):
+  out_f, in_f, rank, pop = 5, 7, 3, 4
+  seeds = _seeds(rng, pop, antithetic=True)
+  a, b = noise_lib.low_rank_factors(seeds, (out_f, in_f), offset, rank=rank, kind=kind,
+                                    antithetic=True)
+  block = noise_lib.virtual_noise(seeds, (rank, out_f + in_f), offset, kind=kind,
+                                  antithetic=True)  # signed rows of the factor block
+  signs = noise_lib.antithetic_signs(pop, True)[:, None, None]
+  for c in range(rank):
+    np.testing.assert_array_equal(a[:, :, c], block[:, c, :out_f])
+    # B carries no sign; the block's rows do.
+    np.testing.assert_array_equal(b[:, :, c] * signs[:, :, 0], block[:, c, out_f:])
+  # One element by its documented index, from the hash directly.
+  j, k, c = 3, 6, 2
+  hi, lo = noise_lib.split_u64(offset + c * (out_f + in_f) + out_f + k)
+  direct = noise_lib.noise_at(seeds[0], jnp.uint32(hi), jnp.uint32(lo), kind)
+  np.testing.assert_array_equal(b[0, k, c], direct)
+  hi, lo = noise_lib.split_u64(offset + c * (out_f + in_f) + j)
+  np.testing.assert_array_equal(a[0, j, c], noise_lib.noise_at(seeds[0], jnp.uint32(hi),
+                                                                jnp.uint32(lo), kind))
+
+
+def test_ranks_are_nested_and_blocks_do_not_overlap(rng):
+  seeds = _seeds(rng, 3)
+  a2, b2 = noise_lib.low_rank_factors(seeds, (4, 6), 9, rank=2)
+  a3, b3 = noise_lib.low_rank_factors(seeds, (4, 6), 9, rank=3)
+  np.testing.assert_array_equal(a2, a3[..., :2])
+  np.testing.assert_array_equal(b2, b3[..., :2])
+  offsets = jaxnoise.compute_offsets([(4, 6), (4,), (3, 4), (3,)], rank=2)
+  assert offsets == [0, 20, 24, 38]
+  assert noise_lib.noise_block_size((4, 6), 2) == 20
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rank", [1, 4])
+def test_entries_have_zero_mean_unit_variance(kind, rank):
+  seeds = jnp.arange(512, dtype=jnp.uint32) * 7919
+  noise = np.asarray(noise_lib.virtual_noise(seeds, (24, 40), 11, kind=kind, rank=rank),
+                     np.float64)
+  n = noise.size
+  # Entries sharing a component are correlated; use the population mean per
+  # entry (independent across individuals) for the standard errors.
+  per_individual = noise.reshape(noise.shape[0], -1)
+  mean_se = per_individual.mean(1).std() / math.sqrt(per_individual.shape[0])
+  assert abs(noise.mean()) < 5 * mean_se + 1e-12, (noise.mean(), mean_se)
+  var_se = (per_individual ** 2).mean(1).std() / math.sqrt(per_individual.shape[0])
+  assert abs((noise ** 2).mean() - 1.0) <= 5 * var_se + 1e-9, ((noise ** 2).mean(), var_se, n)
+
+
+def test_antithetic_pairs_mirror_the_perturbation(rng):
+  seeds = _seeds(rng, 6, antithetic=True)
+  noise = noise_lib.virtual_noise(seeds, (5, 8), 3, rank=2, antithetic=True)
+  np.testing.assert_array_equal(noise[1::2], -noise[0::2])
+  assert float(jnp.abs(noise[0] - noise[2]).max()) > 0
+
+
+@pytest.mark.parametrize("rank", [0, -2, 1.5, True, "2", np.float32(2)])
+def test_bad_rank_is_rejected_by_name(rank):
+  seeds = jnp.arange(4, dtype=jnp.uint32)
+  x, w = jnp.ones((2, 3)), jnp.ones((4, 3))
+  calls = [
+      lambda: jaxnoise.virtual_perturbed_linear(x, w, None, seeds, 0.1, rank=rank),
+      lambda: jaxnoise.virtual_weight_gradient(jnp.ones(4), seeds, (4, 3), 0.1, rank=rank),
+      lambda: jaxnoise.virtual_noise(seeds, (4, 3), rank=rank),
+      lambda: jaxnoise.compute_offsets([(4, 3)], rank=rank),
+      lambda: batching.perturbed_linear(x, w, None, 1, 0.1, rank=rank),
+      lambda: jaxnoise.optim.evolution_strategy(0.1, optax.sgd(0.1), pop_size=4, rank=rank),
+  ]
+  for call in calls:
+    with pytest.raises((ValueError, TypeError), match="rank"):
+      call()
+
+
+def test_rank_needs_a_matrix():
+  with pytest.raises(ValueError, match="2-D"):
+    jaxnoise.virtual_noise(jnp.arange(2), (3, 4, 5), rank=1)
+
+
+# ----------------------------------------------------------------------------
+# Ops against E_i multiplied out.
+
+
+def _dense_linear(x, weight, bias, seeds, sigma, offset, kind, antithetic, rank):
+  pop = seeds.shape[0]
+  out_f, in_f = weight.shape
+  noise = noise_lib.virtual_noise(seeds, (out_f, in_f), offset, kind=kind,
+                                  antithetic=antithetic, rank=rank)
+  xs = x.astype(jnp.float32)
+  if xs.ndim == 2:
+    xs = jnp.broadcast_to(xs, (pop,) + xs.shape)
+  y = jnp.einsum("pbk,pok->pbo", xs, weight.astype(jnp.float32)[None] + sigma * noise,
+                 precision=HIGHEST)
+  if bias is not None:
+    bias_noise = noise_lib.virtual_noise(seeds, (out_f,), offset + rank * (out_f + in_f),
+                                         kind=kind, antithetic=antithetic)
+    y = y + (bias.astype(jnp.float32) + sigma * bias_noise)[:, None, :]
+  return y
+
+
+CASES = [
+    # (pop, batch, out, in, rank, shared, antithetic, kind, offset, dtype)
+    (6, 5, 37, 45, 1, True, False, "uniform", 7, jnp.float32),
+    (6, 3, 33, 70, 3, False, True, "rademacher", (1 << 32) - 100, jnp.float32),
+    (4, 1, 20, 129, 2, False, False, "normal", 5, jnp.bfloat16),
+    (8, 2, 64, 17, 5, True, True, "rademacher", 31, jnp.bfloat16),
+    (2, 4, 9, 40, 2, True, False, "normal", (1 << 40) + 3, jnp.float32),
+    (4, 2, 12, 33, 20, False, True, "uniform", 3, jnp.float32),  # above MAX_KERNEL_RANK
+]
+
+
+@pytest.mark.parametrize("implementation", ["reference", "interpret"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[:5]}-{c[5]}-{c[6]}-{c[7]}")
+def test_perturbed_linear_equals_dense_low_rank_perturbation(rng, implementation, case):
+  pop, batch, out_f, in_f, rank, shared, antithetic, kind, offset, dtype = case
+  x = _normal(rng, (batch, in_f) if shared else (pop, batch, in_f), dtype)
+  weight = _normal(rng, (out_f, in_f), dtype) * 0.3
+  bias = _normal(rng, (out_f,), dtype)
+  seeds = _seeds(rng, pop, antithetic)
+  y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, 0.2, offset, kind=kind,
+                                        antithetic=antithetic, rank=rank,
+                                        implementation=implementation)
+  expected = _dense_linear(x, weight, bias, seeds, 0.2, offset, kind, antithetic, rank)
+  assert y.shape == (pop, batch, out_f) and y.dtype == jnp.float32
+  np.testing.assert_allclose(y, expected, rtol=2e-5, atol=2e-5 * float(jnp.abs(expected).max()))
+
+
+@pytest.mark.parametrize("config", [
+    config_lib.LowRankLinearConfig(block_batch=2, block_reduce=32, block_emit=64),
+    config_lib.LowRankLinearConfig(block_batch=8, block_reduce=128, block_emit=32, num_warps=8),
+    config_lib.LowRankLinearConfig(materialize=True),
+])
+def test_kernel_tilings_agree(rng, config):
+  x = _normal(rng, (6, 5, 70))
+  weight, bias = _normal(rng, (45, 70)), _normal(rng, (45,))
+  seeds = _seeds(rng, 6, antithetic=True)
+  kwargs = dict(kind="rademacher", antithetic=True, rank=2)
+  reference = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, 0.1, 33,
+                                                implementation="reference", **kwargs)
+  y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, 0.1, 33, config=config,
+                                        implementation="interpret", **kwargs)
+  np.testing.assert_allclose(y, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_16_bit_output(rng):
+  x, weight = _normal(rng, (4, 3, 40), jnp.bfloat16), _normal(rng, (24, 40), jnp.bfloat16)
+  seeds = _seeds(rng, 4)
+  y = jaxnoise.virtual_perturbed_linear(x, weight, None, seeds, 0.1, rank=1,
+                                        out_dtype=jnp.bfloat16, implementation="interpret")
+  expected = _dense_linear(x, weight, None, seeds, 0.1, 0, "uniform", False, 1)
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("implementation", ["reference", "interpret"])
+@pytest.mark.parametrize("kind,antithetic,rank,offset", [
+    ("uniform", False, 1, 0), ("rademacher", True, 3, (1 << 32) - 60), ("normal", True, 2, 9)])
+def test_weight_gradient_equals_sum_of_fitness_times_perturbation(rng, implementation, kind,
+                                                                   antithetic, rank, offset):
+  pop, shape, sigma = 10, (13, 21), 0.3
+  seeds = _seeds(rng, pop, antithetic)
+  fitness = _normal(rng, (pop,))
+  gradient = jaxnoise.virtual_weight_gradient(fitness, seeds, shape, sigma, None, offset,
+                                              kind=kind, antithetic=antithetic, rank=rank,
+                                              implementation=implementation)
+  noise = noise_lib.virtual_noise(seeds, shape, offset, kind=kind, antithetic=antithetic,
+                                  rank=rank)
+  expected = jnp.einsum("p,pok->ok", fitness, noise, precision=HIGHEST) / (pop * sigma)
+  np.testing.assert_allclose(gradient, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_config_variants(rng):
+  seeds, fitness = _seeds(rng, 12, True), _normal(rng, (12,))
+  kwargs = dict(kind="rademacher", antithetic=True, rank=2, implementation="interpret")
+  exact = jaxnoise.virtual_weight_gradient(fitness, seeds, (9, 14), 0.1, None, 4,
+                                           config=config_lib.LowRankGradientConfig(tf32=False),
+                                           **kwargs)
+  chunked = jaxnoise.virtual_weight_gradient(
+      fitness, seeds, (9, 14), 0.1, None, 4,
+      config=config_lib.LowRankGradientConfig(chunk=5, operand_dtype="bfloat16"), **kwargs)
+  np.testing.assert_allclose(chunked, exact, rtol=2e-2, atol=2e-2 * float(jnp.abs(exact).max()))
+  with pytest.raises(ValueError, match="operand_dtype"):
+    config_lib.LowRankGradientConfig(operand_dtype="float16").validate()
+
+
+def test_gradient_is_unbiased_for_a_linear_fitness():
+  # f(W) = <C, W>: E[grad] = C because E[E_jk E_lm] = delta_jl delta_km.
+  shape, sigma, pop = (3, 4), 0.5, 20000
+  target = jnp.asarray(np.random.default_rng(0).standard_normal(shape), jnp.float32)
+  seeds = jaxnoise.draw_seeds(jax.random.key(5), pop, antithetic=True)
+  noise = noise_lib.virtual_noise(seeds, shape, 0, rank=2, antithetic=True)
+  fitness = jnp.einsum("ok,pok->p", target, sigma * noise)
+  gradient = jaxnoise.virtual_weight_gradient(fitness, seeds, shape, sigma, antithetic=True,
+                                              rank=2, implementation="reference")
+  # Standard error of each entry: sqrt(var(<C, E> E_jk) / (pop / 2)) <= |C| * 3 / sqrt(pop / 2).
+  bound = 5 * float(jnp.linalg.norm(target)) * 3 / math.sqrt(pop / 2)
+  assert float(jnp.abs(gradient - target).max()) < bound
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_vjp_matches_the_dense_perturbation(rng, shared):
+  pop, batch, out_f, in_f, rank = 4, 3, 11, 37, 2
+  x = _normal(rng, (batch, in_f) if shared else (pop, batch, in_f))
+  weight, bias = _normal(rng, (out_f, in_f)), _normal(rng, (out_f,))
+  seeds = _seeds(rng, pop, antithetic=True)
+
+  def loss(impl, x, weight, bias, sigma):
+    if impl == "dense":
+      y = _dense_linear(x, weight, bias, seeds, sigma, 3, "uniform", True, rank)
+    else:
+      y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, sigma, 3, rank=rank,
+                                            antithetic=True, implementation=impl)
+    return jnp.sum(jnp.sin(y))
+
+  expected = jax.grad(functools_partial(loss, "dense"), argnums=(0, 1, 2, 3))(x, weight, bias,
+                                                                              0.1)
+  for impl in ("reference", "interpret"):
+    grads = jax.jit(jax.grad(functools_partial(loss, impl), argnums=(0, 1, 2, 3)))(
+        x, weight, bias, 0.1)
+    for got, want in zip(grads, expected):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(jnp.abs(want).max()))
+
+
+def functools_partial(fn, first):
+  return lambda *args: fn(first, *args)
+
+
+# ----------------------------------------------------------------------------
+# Per-individual functions, nn, optim.
+
+
+def test_vmapped_individual_is_one_kernel_launch(rng):
+  x, weight, bias = _normal(rng, (3, 40)), _normal(rng, (24, 40)), _normal(rng, (24,))
+  seeds = _seeds(rng, 6)
+
+  def population(seeds):
+    return jax.vmap(lambda s: batching.perturbed_linear(
+        x, weight, bias, s, 0.1, 5, rank=2, implementation="interpret"))(seeds)
+
+  jaxpr = str(jax.make_jaxpr(population)(seeds))
+  assert jaxpr.count("pallas_call") == 1
+  expected = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, 0.1, 5, rank=2,
+                                               implementation="reference")
+  np.testing.assert_allclose(jax.jit(population)(seeds), expected, rtol=1e-5, atol=1e-5)
+  pair_seeds = seeds[:3]
+  pairs = jax.vmap(lambda s: batching.perturbed_linear_pair(
+      x, weight, bias, s, 0.1, 5, rank=2, implementation="reference"))(pair_seeds)
+  antithetic = jaxnoise.virtual_perturbed_linear(
+      x, weight, bias, jnp.repeat(pair_seeds, 2), 0.1, 5, rank=2, antithetic=True,
+      implementation="reference")
+  np.testing.assert_allclose(pairs.reshape(antithetic.shape), antithetic, rtol=1e-6, atol=1e-6)
+
+
+def test_population_apply_and_fitness_gradient_match_materialised_noise(rng):
+  model = nnx.Sequential(nnx.Linear(6, 8, rngs=nnx.Rngs(0)), nnx.relu,
+                         nnx.Linear(8, 3, rngs=nnx.Rngs(1)), nnx.LayerNorm(3, rngs=nnx.Rngs(2)))
+  seeds = _seeds(rng, 6, antithetic=True)
+  x = _normal(rng, (5, 6))
+  kwargs = dict(antithetic=True, rank=2)
+  fused = jaxnoise.nn.population_apply(model, seeds, 0.1, lambda m, x: m(x), x, **kwargs)
+  plain = jaxnoise.nn.population_apply(model, seeds, 0.1, lambda m, x: m(x), x,
+                                       fuse_linear=False, **kwargs)
+  np.testing.assert_allclose(fused, plain, rtol=1e-5, atol=1e-5)
+  layout = jaxnoise.nn.parameter_layout(model, rank=2)
+  assert layout.rank == 2 and layout.size == 2 * (6 + 8) + 8 + 2 * (8 + 3) + 3 + 3 + 3
+  params = nnx.state(model, nnx.Param)
+  fitness = _normal(rng, (6,))
+  gradient = jaxnoise.nn.fitness_gradient(model, fitness, seeds, 0.1, **kwargs)
+  # The same estimate from materialised, perturbed parameter trees.
+  signs = noise_lib.antithetic_signs(6, True)
+
+  def noise_tree(seed, sign):
+    perturbed = jaxnoise.nn.perturb_params(params, seed, 1.0, layout=layout, sign=sign)
+    return jax.tree.map(lambda p, c: p - c, perturbed, params)
+
+  noises = jax.vmap(noise_tree)(noise_lib.pair_seeds(seeds, True), signs)
+  expected = jax.tree.map(lambda n: jnp.tensordot(fitness, n, 1) / (6 * 0.1), noises)
+  for got, want in zip(jax.tree.leaves(gradient), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="rank"):
+    jaxnoise.nn.fitness_gradient(model, fitness, seeds, 0.1, layout=layout, rank=3)
+
+
+def test_virtual_linear_population_with_rank(rng):
+  layer = jaxnoise.nn.VirtualLinear(12, 5, rngs=nnx.Rngs(0))
+  x, seeds = _normal(rng, (3, 12)), _seeds(rng, 4)
+  y = layer.population(x, seeds, 0.1, 7, rank=3, implementation="interpret")
+  expected = jaxnoise.virtual_perturbed_linear(x, layer.kernel[...].T, layer.bias[...], seeds,
+                                               0.1, 7, rank=3, implementation="reference")
+  np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_rank_one_es_trains_an_mlp_on_digits():
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  images, labels = load_digits(return_X_y=True)
+  x, y = jnp.asarray(images / 16.0, jnp.float32), jnp.asarray(labels)
+  model = nnx.Sequential(nnx.Linear(64, 32, rngs=nnx.Rngs(0)), nnx.relu,
+                         nnx.Linear(32, 10, rngs=nnx.Rngs(1)))
+  es = jaxnoise.optim.evolution_strategy(sigma=0.05, optimizer=optax.adam(0.03), pop_size=256,
+                                         rank=1)
+  state = es.init(model)
+
+  def fitness(model, x, y):
+    return -optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+  @nnx.jit
+  def step(model, state):
+    batch = jax.random.choice(jax.random.key(state.generation), 1500, (256,))
+    seeds, state = es.ask(state)
+    fitnesses = es.evaluate(model, seeds, fitness, x[batch], y[batch])
+    updates, state = es.update(fitnesses, state, model)
+    nnx.update(model, optax.apply_updates(nnx.state(model, nnx.Param), updates))
+    return state
+
+  for _ in range(400):
+    state = step(model, state)
+  accuracy = float(jnp.mean(jnp.argmax(model(x[1500:]), -1) == y[1500:]))
+  assert accuracy >= 0.9, accuracy
