@@ -139,7 +139,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--env", choices=sorted(TASKS), default="cartpole",
                       help="gymnax task: cartpole (CartPole-v1) or acrobot (Acrobot-v1)")
   parser.add_argument("--generations", type=int, default=None,
-                      help="ES generations (default: 50 for cartpole, 100 for acrobot)")
+                      help="ES generations (None: 50 for cartpole, 100 for acrobot)")
   parser.add_argument("--pop", type=int, default=256, help="population (even: antithetic pairs)")
   parser.add_argument("--sigma", type=float, default=0.3, help="perturbation std")
   parser.add_argument("--lr", type=float, default=0.05, help="Adam learning rate")
