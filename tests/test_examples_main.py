@@ -1,6 +1,7 @@
 """The main job (examples/es_digits.py) learns, prints its metric line and resumes bit for bit."""
 
 import importlib.util
+import json
 import math
 import os
 import pathlib
@@ -80,3 +81,55 @@ def test_es_digits_rejects_an_odd_population():
   proc = _run("--pop", "7", "--generations", "1", timeout=120)
   assert proc.returncode == 2
   assert "--pop" in proc.stderr and "even" in proc.stderr
+
+
+# ----------------------------------------------------------------------------
+# The other examples: --help does not train, --quick ends with a finite metric line.
+
+
+@pytest.mark.parametrize("script", ["es_digits", "es_cartpole", "compare_evosax",
+                                    "es_nnx_minimal", "ternary_digits"])
+def test_example_help_describes_options_and_does_not_train(script):
+  proc = subprocess.run([sys.executable, str(EXAMPLES / f"{script}.py"), "--help"],
+                        capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.startswith("usage:")
+  assert "test accuracy after" not in proc.stdout  # es_nnx_minimal's training print
+  options = re.findall(r"^  (--[a-z-]+)", proc.stdout, re.M)
+  for option in options:  # every option has a description after its name
+    line = re.search(rf"^  {option}\b.*(?:\n {{10,}}.*)*", proc.stdout, re.M).group(0)
+    assert len(line.split()) > 2 or option == "--help", (option, line)
+  if script not in ("es_nnx_minimal", "ternary_digits"):
+    assert {"--seed", "--implementation", "--quick"} <= set(options), options
+
+
+def _quick(script, *args):
+  proc = subprocess.run([sys.executable, str(EXAMPLES / f"{script}.py"), "--quick", *args],
+                        capture_output=True, text=True, timeout=300, check=False,
+                        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  last = proc.stdout.strip().splitlines()[-1]
+  values = dict(item.split("=") for item in last.split())
+  assert all(math.isfinite(float(value)) for value in values.values()), last
+  return values
+
+
+def test_es_cartpole_quick_ends_with_a_finite_mean_return():
+  values = _quick("es_cartpole")
+  assert set(values) == {"mean_return", "generations", "seconds"}
+  assert values["generations"] == "10"
+  assert 8.0 <= float(values["mean_return"]) <= 500.0  # CartPole's returns
+
+
+def test_compare_evosax_quick_writes_its_figure_and_numbers(tmp_path):
+  pytest.importorskip("evosax")
+  out = tmp_path / "compare.png"
+  values = _quick("compare_evosax", "--out", str(out))
+  assert set(values) == {"digits_jaxnoise", "digits_evosax", "cartpole_jaxnoise",
+                         "cartpole_evosax", "seconds"}
+  assert out.stat().st_size > 10_000
+  summary = json.loads(out.with_suffix(".json").read_text())
+  for task in ("digits", "cartpole"):
+    for library in ("jaxnoise", "evosax"):
+      result = summary["results"][task][library]
+      assert result["median_step_ms"] > 0 and result["step_memory_bytes"] > 0
