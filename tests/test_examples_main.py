@@ -115,6 +115,7 @@ def _quick(script, *args):
 
 
 def test_es_cartpole_quick_ends_with_a_finite_mean_return():
+  pytest.importorskip("gymnax")
   values = _quick("es_cartpole")
   assert set(values) == {"mean_return", "generations", "seconds"}
   assert values["generations"] == "10"
@@ -123,6 +124,7 @@ def test_es_cartpole_quick_ends_with_a_finite_mean_return():
 
 def test_compare_evosax_quick_writes_its_figure_and_numbers(tmp_path):
   pytest.importorskip("evosax")
+  pytest.importorskip("gymnax")
   out = tmp_path / "compare.png"
   values = _quick("compare_evosax", "--out", str(out))
   assert set(values) == {"digits_jaxnoise", "digits_evosax", "cartpole_jaxnoise",
