@@ -1,9 +1,9 @@
 """Train an nnx MLP on scikit-learn's digits with virtual-noise ES (CPU, < 1 min)."""
-import jax, jax.numpy as jnp, optax
+import argparse, jax, jax.numpy as jnp, optax
 from flax import nnx
 from sklearn.datasets import load_digits
 import jaxnoise
-
+argparse.ArgumentParser(description=__doc__).parse_args()  # --help prints the docstring, exits
 images, labels = load_digits(return_X_y=True)  # 1797 8x8 images: train on 1500, test on 297
 x, y = jnp.asarray(images / 16.0, jnp.float32), jnp.asarray(labels)
 model = nnx.Sequential(nnx.Linear(64, 32, rngs=nnx.Rngs(0)), nnx.relu,

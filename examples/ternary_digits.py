@@ -162,13 +162,22 @@ def train_ternary(data, steps: int, batch_size: int, seed: int, *, C: int = 11, 
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", type=int, default=3000)
-  parser.add_argument("--batch-size", type=int, default=64)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--C", type=int, default=11)
-  parser.add_argument("--lr", type=float, default=0.02)
-  parser.add_argument("--gradient", choices=("dense", "io"), default="dense")
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument("--steps", type=int, default=3000,
+                      help="training steps of each model (same mini-batches for both)")
+  parser.add_argument("--batch-size", type=int, default=64, help="images per mini-batch")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of the data split, the initial weights, the mini-batch order "
+                           "and the stochastic rounding")
+  parser.add_argument("--C", type=int, default=11,
+                      help="counter half-width in 1..11: 2C - 1 counter steps per ternary value "
+                           "(11 uses all 63 codes of 6 bits)")
+  parser.add_argument("--lr", type=float, default=0.02,
+                      help="peak counter learning rate (cosine decay to 5%%)")
+  parser.add_argument("--gradient", choices=("dense", "io"), default="dense",
+                      help="dense: the update reads the weight gradient; io: the kernel forms "
+                           "grad_out^T x itself and the dense gradient never exists")
   args = parser.parse_args(argv)
   data = load_data(args.seed)
   start = time.perf_counter()

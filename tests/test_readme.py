@@ -29,6 +29,13 @@ def test_api_tour_blocks_run():
     exec(compile(block, "README.md", "exec"), namespace)  # pylint: disable=exec-used
   assert namespace["y"].shape == (4, 64)
   assert namespace["ys"].shape == (8, 32, 256)
+  # The antithetic snippets show something: a gradient that is not exactly zero (a fitness
+  # even in the noise cancels within each pair), and pairs equal to the batched op's output.
+  assert float(abs(namespace["g_w"]).max()) > 0 and float(abs(namespace["g_b"]).max()) > 0
+  population = namespace["jaxnoise"].virtual_perturbed_linear(
+      namespace["x"], namespace["w"], namespace["b"], namespace["seeds"], 0.02, 0,
+      antithetic=True)
+  assert (namespace["ys"] == population).all()
   assert namespace["packed"].shape == (64, 96)
 
 
