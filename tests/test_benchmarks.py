@@ -44,3 +44,11 @@ def test_es_step_benchmark_quick(tmp_path):
     results = json.load(f)["results"]
   assert any(r.get("step_ms", 0) > 0 for r in results)
   assert not [r for r in results if "error" in r]
+
+
+def test_lm_benchmark_quick(tmp_path):
+  _run(tmp_path, "bench_lm.py", "--quick")
+  with open(tmp_path / "lm_step.json") as f:
+    results = json.load(f)["results"]
+  assert {r["rank"] for r in results if r.get("tokens_per_s", 0) > 0} == {"1", "full"}
+  assert not [r for r in results if "error" in r or "skipped" in r]
