@@ -157,10 +157,10 @@ def main(argv=None):
                       help="members x batch x context tokens evaluated at a time")
   parser.add_argument("--implementation", default="auto",
                       choices=["auto", "pallas", "interpret", "reference"])
-  parser.add_argument("--repeats", type=int, default=3, help="timed steps per case")
+  parser.add_argument("--repeats", type=int, default=2, help="timed steps per case")
   parser.add_argument("--case-budget", type=float, default=20.0,
                       help="seconds of timed steps per case; also the skip threshold")
-  parser.add_argument("--budget", type=float, default=170.0,
+  parser.add_argument("--budget", type=float, default=150.0,
                       help="total seconds; later cases are skipped once spent")
   args = parser.parse_args(argv)
   if args.quick:
