@@ -233,7 +233,8 @@ class Checkpoints:
     self.manager.close()
 
 
-def plot_curve(es_history: dict, adam_history: dict, path: pathlib.Path, title: str) -> None:
+def plot_curve(es_history: dict, adam_history: dict, path: pathlib.Path, title: str,
+               es_label: str) -> None:
   """Validation bits per byte against training seconds and against generation / step."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
@@ -241,7 +242,7 @@ def plot_curve(es_history: dict, adam_history: dict, path: pathlib.Path, title: 
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, (time_axis, step_axis) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
-  for history, label, color in ((es_history, "ES (low rank)", "tab:blue"),
+  for history, label, color in ((es_history, es_label, "tab:blue"),
                                 (adam_history, "Adam (backprop)", "tab:orange")):
     if not history["eval_step"]:
       continue
@@ -463,9 +464,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
   es_bits = float(bits_per_byte(es_params))
   adam_bits = float(bits_per_byte(adam_params))
   plot_curve(es_history, adam_history, args.out / "curve.png",
-             f"byte-level LM ({lm_model.count_params(model) / 1e6:.1f}M params) on the Python "
+             f"byte-level LM ({lm_model.count_params(model):,} parameters) on the Python "
              f"stdlib: ES pop {args.pop} rank {rank or 'full'} sigma {args.sigma} lr {args.lr} "
-             f"vs Adam lr {args.adam_lr} batch {args.adam_batch}, same training seconds")
+             f"vs Adam lr {args.adam_lr} batch {args.adam_batch}, same training seconds",
+             f"ES, rank {rank or 'full'} noise")
   print(f"curve: {args.out / 'curve.png'}")
   samples = []
   for label, sample_params in (("ES", es_params), ("Adam", adam_params)):
