@@ -154,6 +154,8 @@ def main(argv=None):
   parser.add_argument("--d-model", type=int, default=512)
   parser.add_argument("--layers", type=int, default=4)
   parser.add_argument("--heads", type=int, default=8)
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                      help="compute dtype of the layers (parameters stay float32)")
   parser.add_argument("--tokens-per-chunk", type=int, default=1 << 20,
                       help="members x batch x context tokens evaluated at a time")
   parser.add_argument("--implementation", default="auto",
@@ -165,13 +167,14 @@ def main(argv=None):
                       help="total seconds; later cases are skipped once spent")
   args = parser.parse_args(argv)
   if args.quick:
-    config = lm_model.LMConfig(context=8, d_model=16, num_layers=1, num_heads=2)
+    config = lm_model.LMConfig(context=8, d_model=16, num_layers=1, num_heads=2,
+                               dtype=args.dtype)
     pops, ranks, implementation = [8], [1, None], "interpret"
     args.tokens_per_chunk = 32  # two chunks of four members: exercises lax.map
     args.repeats = 1
   else:
     config = lm_model.LMConfig(context=args.context, d_model=args.d_model,
-                               num_layers=args.layers, num_heads=args.heads)
+                               num_layers=args.layers, num_heads=args.heads, dtype=args.dtype)
     pops, ranks, implementation = (_parse_ints(args.pops), _parse_ranks(args.ranks),
                                    args.implementation)
 

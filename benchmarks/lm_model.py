@@ -54,6 +54,8 @@ class LMConfig:
     num_layers: transformer blocks.
     num_heads: attention heads (``d_model`` must be a multiple).
     mlp_ratio: MLP hidden width over ``d_model``.
+    dtype: compute dtype of the layers (``"float32"`` or ``"bfloat16"``);
+      parameters stay float32, attention softmax and the loss are float32.
   """
 
   vocab_size: int = 256
@@ -62,12 +64,15 @@ class LMConfig:
   num_layers: int = 4
   num_heads: int = 8
   mlp_ratio: int = 4
+  dtype: str = "float32"
 
   def __post_init__(self):
     for name in ("vocab_size", "context", "d_model", "num_layers", "num_heads", "mlp_ratio"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
     if self.d_model % self.num_heads:
       raise ValueError(f"d_model={self.d_model} must be a multiple of "
                        f"num_heads={self.num_heads}")
@@ -76,12 +81,13 @@ class LMConfig:
 class CausalSelfAttention(nnx.Module):
   """Multi-head causal self-attention with four ``nnx.Linear`` projections."""
 
-  def __init__(self, d_model: int, num_heads: int, *, rngs: nnx.Rngs):
+  def __init__(self, d_model: int, num_heads: int, *, dtype=None, rngs: nnx.Rngs):
     self.num_heads = num_heads
-    self.query_proj = nnx.Linear(d_model, d_model, use_bias=False, rngs=rngs)
-    self.key_proj = nnx.Linear(d_model, d_model, use_bias=False, rngs=rngs)
-    self.value_proj = nnx.Linear(d_model, d_model, use_bias=False, rngs=rngs)
-    self.output_proj = nnx.Linear(d_model, d_model, use_bias=False, rngs=rngs)
+    projection = dict(use_bias=False, dtype=dtype, rngs=rngs)
+    self.query_proj = nnx.Linear(d_model, d_model, **projection)
+    self.key_proj = nnx.Linear(d_model, d_model, **projection)
+    self.value_proj = nnx.Linear(d_model, d_model, **projection)
+    self.output_proj = nnx.Linear(d_model, d_model, **projection)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """``(..., length, d_model) -> (..., length, d_model)``; position t sees 0..t."""
@@ -94,10 +100,11 @@ class CausalSelfAttention(nnx.Module):
     query = split_heads(self.query_proj(x))
     key = split_heads(self.key_proj(x))
     value = split_heads(self.value_proj(x))
-    scores = jnp.einsum("...qhd,...khd->...hqk", query, key) / math.sqrt(head_dim)
+    scores = jnp.einsum("...qhd,...khd->...hqk", query, key,
+                        preferred_element_type=jnp.float32) / math.sqrt(head_dim)
     causal = jnp.tril(jnp.ones((length, length), bool))
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
-    weights = jax.nn.softmax(scores, axis=-1)
+    weights = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
     mixed = jnp.einsum("...hqk,...khd->...qhd", weights, value)
     return self.output_proj(mixed.reshape(*lead, length, d_model))
 
@@ -105,9 +112,9 @@ class CausalSelfAttention(nnx.Module):
 class MLP(nnx.Module):
   """``Linear -> GELU -> Linear`` with a ``mlp_ratio`` times wider hidden layer."""
 
-  def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs):
-    self.up_proj = nnx.Linear(d_model, hidden, rngs=rngs)
-    self.down_proj = nnx.Linear(hidden, d_model, rngs=rngs)
+  def __init__(self, d_model: int, hidden: int, *, dtype=None, rngs: nnx.Rngs):
+    self.up_proj = nnx.Linear(d_model, hidden, dtype=dtype, rngs=rngs)
+    self.down_proj = nnx.Linear(hidden, d_model, dtype=dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.down_proj(jax.nn.gelu(self.up_proj(x)))
@@ -117,10 +124,12 @@ class Block(nnx.Module):
   """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
 
   def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
-    self.attention_norm = nnx.RMSNorm(config.d_model, rngs=rngs)
-    self.attention = CausalSelfAttention(config.d_model, config.num_heads, rngs=rngs)
-    self.mlp_norm = nnx.RMSNorm(config.d_model, rngs=rngs)
-    self.mlp = MLP(config.d_model, config.mlp_ratio * config.d_model, rngs=rngs)
+    dtype = jnp.dtype(config.dtype)
+    self.attention_norm = nnx.RMSNorm(config.d_model, dtype=dtype, rngs=rngs)
+    self.attention = CausalSelfAttention(config.d_model, config.num_heads, dtype=dtype,
+                                         rngs=rngs)
+    self.mlp_norm = nnx.RMSNorm(config.d_model, dtype=dtype, rngs=rngs)
+    self.mlp = MLP(config.d_model, config.mlp_ratio * config.d_model, dtype=dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x + self.attention(self.attention_norm(x))
@@ -141,19 +150,21 @@ class TransformerLM(nnx.Module):
 
   def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
     self.config = config
-    self.token_embedding = nnx.Embed(config.vocab_size, config.d_model, rngs=rngs)
+    dtype = jnp.dtype(config.dtype)
+    self.token_embedding = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype, rngs=rngs)
     self.position_embedding = nnx.Param(
         0.02 * jax.random.normal(rngs.params(), (config.context, config.d_model)))
     self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
-    self.final_norm = nnx.RMSNorm(config.d_model, rngs=rngs)
-    self.head = nnx.Linear(config.d_model, config.vocab_size, rngs=rngs)
+    self.final_norm = nnx.RMSNorm(config.d_model, dtype=dtype, rngs=rngs)
+    self.head = nnx.Linear(config.d_model, config.vocab_size, dtype=dtype, rngs=rngs)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     length = tokens.shape[-1]
     if length > self.config.context:
       raise ValueError(f"tokens has length {length}, more than the context "
                        f"{self.config.context}")
-    x = self.token_embedding(tokens) + self.position_embedding[...][:length]
+    x = self.token_embedding(tokens)
+    x = x + self.position_embedding[...][:length].astype(x.dtype)
     for block in self.blocks:
       x = block(x)
     return self.head(self.final_norm(x))

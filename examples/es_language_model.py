@@ -63,7 +63,7 @@ import lm_model  # noqa: E402  pylint: disable=g-import-not-at-top
 IMPLEMENTATIONS = ("auto", "pallas", "interpret", "reference")
 # Settings that change the trajectory: a checkpoint only resumes a run that had the same.
 RUN_SETTINGS = ("seed", "pop", "rank", "sigma", "lr", "batch", "adam_lr", "adam_batch",
-                "context", "d_model", "layers", "heads", "data_bytes")
+                "context", "d_model", "layers", "heads", "dtype", "data_bytes")
 VALIDATION_WINDOWS = 256
 PROMPT = b"def __init__(self"
 
@@ -362,6 +362,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--d-model", type=int, default=512)
   parser.add_argument("--layers", type=int, default=4)
   parser.add_argument("--heads", type=int, default=8)
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                      help="compute dtype of the layers, ES and Adam (parameters stay float32)")
   parser.add_argument("--data-bytes", type=int, default=4 << 20,
                       help="bytes of standard-library source read (90%% train, 10%% validation)")
   parser.add_argument("--tokens-per-chunk", type=int, default=1 << 20,
@@ -398,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   args = parse_args(argv)
   rank = args.rank or None
   config = lm_model.LMConfig(context=args.context, d_model=args.d_model, num_layers=args.layers,
-                             num_heads=args.heads)
+                             num_heads=args.heads, dtype=args.dtype)
   settings = {name: getattr(args, name) for name in RUN_SETTINGS}
   length = config.context + 1  # inputs and their next-byte targets
 
