@@ -432,7 +432,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
   compile_start = time.perf_counter()
   es_step = es_step.lower(params, es_state).compile()
   jax.block_until_ready(bits_per_byte(params))
-  print(f"ES step compiled in {time.perf_counter() - compile_start:.1f} s")
+  memory = es_step.memory_analysis()
+  temp = f", {memory.temp_size_in_bytes / 2**30:.2f} GiB of temporaries" if memory else ""
+  print(f"ES step compiled in {time.perf_counter() - compile_start:.1f} s{temp}")
   eval_every = args.time_budget / 16
   params, es_state, generation, es_seconds = train_loop(
       "ES generation", lambda p, s, _: es_step(p, s), params, es_state, es_history, start,
@@ -441,6 +443,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
       eval_every_s=eval_every, step_counter=lambda s: s)
   es_checkpoints.close()
   es_params = params
+  if generation > start:
+    rate = (generation - start) / es_seconds
+    print(f"ES: {rate:.2f} generations/s, "
+          f"{rate * args.pop * args.batch * config.context:.3g} tokens evaluated/s")
 
   # --- Adam, for as many training seconds as ES took --------------------
   optimizer = optax.adam(args.adam_lr)
