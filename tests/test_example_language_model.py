@@ -1,4 +1,4 @@
-"""examples/es_language_model.py: --help starts nothing; --quick ends with a finite metric line and resumes."""
+"""examples/es_language_model.py: --help starts nothing; --quick prints its metric line, resumes."""
 
 import math
 import os
