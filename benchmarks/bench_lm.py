@@ -1,7 +1,7 @@
 """One ES step of a byte-level transformer LM at populations of 16,384 to 262,144.
 
 The model is :class:`lm_model.TransformerLM` (default 4 layers, d_model 512,
-8 heads, MLP 4x, context 64: 12.8M parameters, every matmul an
+8 heads, MLP 4x, context 64: 12.9M parameters, every matmul an
 ``nnx.Linear``). One generation, all under one ``jax.jit``:
 
 * ``es.ask``: the generation's seeds;
@@ -19,7 +19,7 @@ case that fails (out of memory) is recorded, not raised, so the table always
 prints. Reported: generations/s, tokens/s (``pop * batch * context`` tokens
 evaluated per second), the compiled executable's memory and the device's peak.
 
-    python benchmarks/bench_lm.py --out benchmarks/out     # GPU, < 3 min
+    python benchmarks/bench_lm.py --out benchmarks/out     # GPU, about 3 min
     python benchmarks/bench_lm.py --quick                  # CPU check (interpret)
 
 Writes ``<out>/lm_step.json`` and ``<out>/lm_step.png``.

@@ -1,7 +1,7 @@
 """Train a byte-level transformer LM by low-rank ES, beside an Adam backprop baseline.
 
 The model is ``benchmarks/lm_model.py``'s :class:`TransformerLM` (default 4
-layers, d_model 512, 8 heads, MLP 4x, context 64: 12.8M parameters). Every
+layers, d_model 512, 8 heads, MLP 4x, context 64: 12.9M parameters). Every
 ``nnx.Linear`` of a population member is perturbed by rank-``--rank`` virtual
 noise (``N_i = A_i B_i^T / sqrt(r)``, never stored) inside the fused population
 forward; the embeddings and norm scales are perturbed full rank. Each
