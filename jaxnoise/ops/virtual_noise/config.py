@@ -260,6 +260,9 @@ class LowRankLinearConfig:
     num_stages: software-pipelining depth of the loops.
     materialize: skip the kernel: build the factors ``(pop, out, r)`` and
       ``(pop, in, r)`` with XLA and contract them with XLA einsums.
+    fuse_base: with per-individual x, the kernel reads XLA's GEMM output and
+      writes the sum (False: it writes the noise term and XLA adds it).
+      Shared x always adds its small ``(batch, out)`` GEMM in the kernel.
   """
 
   block_batch: int = 1
@@ -268,6 +271,7 @@ class LowRankLinearConfig:
   num_warps: int = 4
   num_stages: int = 2
   materialize: bool = False
+  fuse_base: bool = False
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")
@@ -283,13 +287,19 @@ MAX_KERNEL_RANK = 16
 
 def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int,
                                rank: int) -> LowRankLinearConfig:
-  """About 4096 elements per register tile: the whole batch up to 16 rows."""
+  """2048-element register tiles (1024 above rank 4), 8 warps, the batch up to 16 rows.
+
+  Measured on an H200 at 1024 members x (8192, 8192), one row each
+  (benchmarks/RESULTS.md, 2026-11-30): 2048-wide steps with 8 warps were the
+  fastest or within noise of it at ranks 1 and 4, in bf16 and f32; 4096-wide
+  steps with 4 warps lost 1.6x at rank 4.
+  """
   block_batch = min(16, next_pow2(batch))
-  width = max(32, 4096 // block_batch)
+  width = max(32, (2048 if rank <= 4 else 1024) // block_batch)
   block_reduce = min(width, max(32, next_pow2(n_reduce)))
   block_emit = min(width, max(32, next_pow2(n_emit)))
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
-                             block_emit=block_emit, num_warps=4,
+                             block_emit=block_emit, num_warps=8, num_stages=2,
                              materialize=rank > MAX_KERNEL_RANK)
 
 

@@ -706,17 +706,27 @@ def _factor_run(layout: NoiseLayout, keys, start: _RowStart, col0, n: int) -> ja
   """Integer-valued ``q`` of elements ``[col0, col0 + n)`` of one factor vector, ``(1, n)``.
 
   ``start`` is the vector's row start (``(1, 1)`` arrays). Kinds with 32
-  values per word address each element's word and lane directly.
+  values per word hash each of the run's words once as a ``(n / 32, 1)``
+  column, spread its bits over ``(n / 32, 32)`` and reshape to ``(1, n)``
+  (``col0`` and ``n`` are multiples of 32); a row that does not start on a
+  word boundary funnel-shifts each word with the next one.
   """
   col0 = col0.astype(_U32) if hasattr(col0, "astype") else _U32(col0)
-  delta = col0 + jax.lax.broadcasted_iota(_U32, (1, n), 1)
   kind = layout.kind
   if kind.values_per_word == 1:
+    delta = col0 + jax.lax.broadcasted_iota(_U32, (1, n), 1)
     return kind.unscaled(_words(layout, keys, start, delta))
-  position = delta if layout.aligned else start.lane + delta
-  shift = _U32(kind.log2_values_per_word)
-  words = _words(layout, keys, start, position >> shift)
-  return kind.unscaled(words, position & _U32(kind.values_per_word - 1))
+  n_words = n // 32
+  word_delta = (col0 >> _U32(5)) + jax.lax.broadcasted_iota(_U32, (n_words, 1), 0)
+  words = _words(layout, keys, start, word_delta)
+  if not layout.aligned:
+    following = _words(layout, keys, start, word_delta + _U32(1))
+    lead = start.lane
+    funnel = (words >> lead) | (following << (_U32(32) - lead))
+    words = jnp.where(lead == _U32(0), words, funnel)
+  lanes = jax.lax.broadcasted_iota(_U32, (1, 32), 1)
+  bits = ((words >> lanes) & _U32(1)).astype(jnp.int32)
+  return (1 - 2 * bits).astype(_F32).reshape(1, n)
 
 
 def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *,
@@ -781,13 +791,17 @@ def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *
     if bias_ref is not None:
       offset_term = _pallas.load(bias_ref.at[pl.ds(col0, block_emit)],
                                  mask=cols < n_emit, other=0)[None, :]
-    if base_ref is not None:
-      base = _pallas.load(base_ref.at[pl.ds(batch0, block_batch), pl.ds(col0, block_emit)],
-                          mask=out_ok, other=0)
-      offset_term = offset_term + base
+    index = (pl.ds(batch0, block_batch), pl.ds(col0, block_emit))
+    bases = [0.0] * pair
+    if base_ref is not None and len(base_ref.shape) == 2:
+      bases = [_pallas.load(base_ref.at[index], mask=out_ok, other=0)] * pair
+    elif base_ref is not None:
+      bases = [_pallas.load(base_ref.at[(first + member,) + index], mask=out_ok, other=0)
+               for member in range(pair)]
     for member in range(pair):
       sign = 1.0 - 2.0 * member
-      value = offset_term + sign * (factor * terms[member % n_inputs] + bias_noise)
+      value = (offset_term + bases[member]
+               + sign * (factor * terms[member % n_inputs] + bias_noise))
       index = (first + member, pl.ds(batch0, block_batch), pl.ds(col0, block_emit))
       _pallas.store(out_ref.at[index], value.astype(out_ref.dtype), mask=out_ok)
     return carry
@@ -797,7 +811,10 @@ def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *
 
 def _low_rank_term(v, seeds, sigma, *, base, bias, reduce_layout, emit_layout, rank, antithetic,
                    n_emit, bias_offset, out_dtype, config, interpret, name):
-  """``(pop, batch, n_emit)``: ``base + bias + sigma s_i [(v_i F_i) G_i^T / sqrt(r) + noise]``."""
+  """``(pop, batch, n_emit)``: ``base + bias + sigma s_i [(v_i F_i) G_i^T / sqrt(r) + noise]``.
+
+  ``base`` is None, ``(batch, n_emit)`` (shared) or ``(pop, batch, n_emit)``.
+  """
   pop = seeds.shape[0]
   shared_v = v.ndim == 2
   batch, n_reduce = v.shape[-2:]
@@ -840,7 +857,8 @@ def low_rank_perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, an
   The unperturbed GEMM ``x W^T`` is XLA's. With shared x the kernel adds its
   ``(batch, out)`` result to every individual; with per-individual x the
   kernel writes the noise term (bias included) and XLA adds it to the GEMM
-  output, which it can fuse into the GEMM's epilogue.
+  output (which it can fuse into the GEMM's epilogue), or, with
+  ``config.fuse_base``, the kernel reads the GEMM's output and writes the sum.
   """
   out_features, in_features = weight.shape
   batch = x.shape[-2]
@@ -860,9 +878,9 @@ def low_rank_perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, an
   common = dict(reduce_layout=b_layout, emit_layout=a_layout, rank=rank, antithetic=antithetic,
                 n_emit=out_features, bias_offset=None if bias is None else bias_offset,
                 config=config, interpret=interpret, name="virtual_low_rank_linear")
-  if x.ndim == 2:
-    return _low_rank_term(x, seeds, sigma, base=base.astype(_F32), bias=bias32,
-                          out_dtype=out_dtype, **common)
+  if x.ndim == 2 or config.fuse_base:
+    return _low_rank_term(x, seeds, sigma, base=base, bias=bias32, out_dtype=out_dtype,
+                          **common)
   term = _low_rank_term(x, seeds, sigma, base=None, bias=bias32, out_dtype=term_dtype, **common)
   return (base + term).astype(out_dtype)
 
