@@ -110,6 +110,18 @@ def ternary_of(codes, C: int):
   return (codes >= lv).astype(jnp.int32) + (codes >= 2 * lv).astype(jnp.int32) - 1
 
 
+def ternary_float(codes, C: int):
+  """float32 ternary value of int32 codes, with selects instead of a conversion (same values)."""
+  lv = levels(C)
+  return jnp.where(codes >= 2 * lv, _F32(1.0), jnp.where(codes >= lv, _F32(0.0), _F32(-1.0)))
+
+
+def float_of_code(codes):
+  """float32 of int32 codes in ``[0, 2**22)``: ``bitcast(2**23 + c) - 2**23``, exact, no conversion."""
+  biased = jax.lax.bitcast_convert_type(codes | 0x4B000000, jnp.float32)
+  return biased - _F32(8388608.0)
+
+
 def code_of_latent(latent, C: int):
   """Nearest code to a latent position (float32): ``round((p + 1.5) * lv - 0.5)``."""
   lv = levels(C)
@@ -156,14 +168,19 @@ def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lag
   return scale_out, v_out, ratio_m1, step, active
 
 
-def tick(codes, grad, u, ratio_m1, step, active, C: int):
+def tick(codes, grad, u, ratio_m1, step, active, C: int, bitwise: bool = False):
   """New int32 codes: ``clip(c + floor(delta + u), 0, 3lv - 1)`` on active rows.
 
   ``codes``, ``grad`` and ``u`` are element arrays; ``ratio_m1``, ``step``
-  and ``active`` broadcast against them (per row).
+  and ``active`` broadcast against them (per row). ``bitwise`` replaces the
+  int -> float conversion of the codes by :func:`float_of_code`
+  (identical results, full-rate operations). The float -> int step stays a
+  conversion: its bit-trick form ``(y + 1.5 * 2**23) - 1.5 * 2**23`` is folded
+  to ``y`` by XLA's algebraic simplifier, which would break the interpreter.
   """
   lv = levels(C)
-  center = codes.astype(_F32) + _F32(0.5 - 1.5 * lv)
+  code_value = float_of_code(codes) if bitwise else codes.astype(_F32)
+  center = code_value + _F32(0.5 - 1.5 * lv)
   delta = ratio_m1 * center - step * grad.astype(_F32)
   # The clip only keeps the float->int conversion defined; the result is
   # clipped to [0, 3lv - 1] anyway.

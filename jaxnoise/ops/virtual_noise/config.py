@@ -207,12 +207,24 @@ class ReduceMetricConfig:
   reading each ``center`` tile once for all of them; ``param_splits``
   programs share the parameters of one group (partial sums).
 
+  With ``layout="individuals"`` (kinds with one value per word) a program's
+  tile is instead ``(individuals_per_program, block_params)``: each row is
+  one individual whose stream keys stay in registers, each column one
+  parameter; ``center`` is read once per tile for every row, the loop over
+  parameter tiles adds one hashed value per element, and a single row
+  reduction at the end gives every individual's sum (no per-individual
+  block reductions). The parameter range is cut where the 64-bit index
+  crosses a multiple of 2**32, so every launch has one constant high word.
+
   Attributes:
-    block_rows: tile rows of 32 parameters (power of two).
+    block_rows: tile rows of 32 parameters (power of two; ``layout="rows"``).
     individuals_per_program: individuals (or pairs) per program (power of two).
     param_splits: parameter shares per group; None picks a heuristic.
     num_warps: warps per program.
     num_stages: software-pipelining depth of the loop over parameter tiles.
+    layout: ``"rows"`` (tiles of ``block_rows x 32`` parameters, one
+      accumulator per individual) or ``"individuals"`` (see above).
+    block_params: parameters per tile of the ``"individuals"`` layout.
   """
 
   block_rows: int = 64
@@ -220,9 +232,13 @@ class ReduceMetricConfig:
   param_splits: int | None = None
   num_warps: int = 8
   num_stages: int = 2
+  layout: str = "rows"
+  block_params: int = 256
 
   def validate(self) -> "ReduceMetricConfig":
-    _check_pow2(self, "block_rows", "individuals_per_program")
+    _check_pow2(self, "block_rows", "individuals_per_program", "block_params")
+    if self.layout not in ("rows", "individuals"):
+      raise ValueError(f'layout must be "rows" or "individuals", got {self.layout!r}')
     if self.param_splits is not None and self.param_splits < 1:
       raise ValueError(f"param_splits must be >= 1 or None, got {self.param_splits}")
     _check_warps_stages(self)
@@ -410,12 +426,37 @@ def noise_gradient_candidates(n_elements: int, n_individuals: int) -> list[Noise
   ])
 
 
-def reduce_metric_candidates(n_params: int, n_individuals: int) -> list[ReduceMetricConfig]:
+def reduce_metric_individuals_heuristics(n_params: int,
+                                         n_individuals: int) -> ReduceMetricConfig:
+  """The ``"individuals"`` layout: 32 individuals x 256 parameters per tile, 8 warps.
+
+  32 values per thread; the parameter range is split so that there are
+  about :data:`TARGET_PROGRAMS` programs.
+  """
+  group = 32 if n_individuals >= 32 else next_pow2(n_individuals)
+  block_params = 256 if n_params >= 256 else max(32, next_pow2(n_params))
+  groups = -(-n_individuals // group)
+  tiles = -(-n_params // block_params)
+  splits = max(1, min(tiles, TARGET_PROGRAMS // max(1, groups)))
+  return ReduceMetricConfig(individuals_per_program=group, param_splits=splits, num_warps=8,
+                            num_stages=2, layout="individuals", block_params=block_params)
+
+
+def reduce_metric_candidates(n_params: int, n_individuals: int,
+                             kind: noise_lib.NoiseKind | None = None) -> list[ReduceMetricConfig]:
+  """The heuristic, its neighbours and (one value per word only) the ``"individuals"`` layout."""
   base = reduce_metric_heuristics(n_params, n_individuals)
+  wide = reduce_metric_individuals_heuristics(n_params, n_individuals)
+  if kind is not None and kind.values_per_word != 1:
+    wide = base
   return _valid_unique([
       base,
       dataclasses.replace(base, block_rows=base.block_rows // 2, num_warps=4),
       dataclasses.replace(base, individuals_per_program=8),
       dataclasses.replace(base, individuals_per_program=2),
       dataclasses.replace(base, block_rows=base.block_rows * 2),
+      wide,
+      dataclasses.replace(wide, block_params=wide.block_params * 2),
+      dataclasses.replace(wide, individuals_per_program=max(1, wide.individuals_per_program // 2),
+                          num_warps=4),
   ])
