@@ -424,9 +424,15 @@ def draw_seeds(key: jax.Array, pop_size: int, *, antithetic: bool = False) -> ja
     >>> seeds.shape, bool(seeds[0] == seeds[1])
     ((4,), True)
   """
+  if isinstance(pop_size, (bool, np.bool_)) or not _is_integer_scalar(pop_size):
+    raise TypeError(f"pop_size must be a Python int, got {type(pop_size).__name__} {pop_size!r}")
   pop_size = operator.index(pop_size)
   if pop_size <= 0:
     raise ValueError(f"pop_size must be positive, got {pop_size}")
+  if not hasattr(key, "dtype") or not (jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+                                       or key.dtype == _U32):
+    raise TypeError(f"key must be a jax.random key (typed, or raw uint32 key data), got "
+                    f"{type(key).__name__} with dtype {getattr(key, 'dtype', None)}")
   if antithetic:
     if pop_size % 2:
       raise ValueError(f"antithetic sampling needs an even pop_size, got {pop_size}")
@@ -487,9 +493,10 @@ def virtual_noise(
   """
   kind = get_kind(kind)
   seeds = as_seeds(seeds)
-  shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+  shape = check_dims(shape, "shape")
   offset = check_offset(offset)
   n = math.prod(shape)
+  check_block_end(offset, n, "shape")
   # Row-major: any rank is a (rows, last) block with the same flat indices.
   flat_shape = (n // shape[-1], shape[-1]) if len(shape) >= 1 and shape[-1] else (1, n)
   if antithetic:
@@ -515,6 +522,42 @@ def check_offset(offset: Any, name: str = "offset") -> int:
   if value < 0 or value >= 1 << 64:
     raise ValueError(f"{name} must be in [0, 2**64), got {value}")
   return value
+
+
+def check_dims(shape: Any, name: str = "shape") -> tuple[int, ...]:
+  """A block shape: a tuple of non-negative Python ints (an int is a 1-D shape).
+
+  Floats (``2.7``), bools and negative dims raise, naming ``name``; zero
+  dims are allowed (an empty block).
+  """
+  if _is_integer_scalar(shape) and not isinstance(shape, (bool, np.bool_)):
+    shape = (shape,)
+  try:
+    dims = tuple(shape)
+  except TypeError:
+    raise TypeError(f"{name} must be a tuple of ints, got {type(shape).__name__} "
+                    f"{shape!r}") from None
+  for d in dims:
+    if isinstance(d, (bool, np.bool_)) or not _is_integer_scalar(d):
+      raise TypeError(f"{name} must be a tuple of ints, got {shape!r} (element of type "
+                      f"{type(d).__name__})")
+  dims = tuple(operator.index(d) for d in dims)
+  if any(d < 0 for d in dims):
+    raise ValueError(f"{name} must have non-negative dimensions, got {dims}")
+  return dims
+
+
+def check_block_end(offset: int, n_elements: int, name: str = "shape") -> None:
+  """A block's indices ``offset .. offset + n_elements - 1`` must stay below 2**64.
+
+  Indices are 64-bit; a block that ran past 2**64 would wrap around onto the
+  noise of index 0 silently, so it raises (naming ``name`` and the offset).
+  """
+  if offset + n_elements > 1 << 64:
+    raise ValueError(
+        f"offset + size must be <= 2**64 (indices are 64-bit and would wrap around): offset="
+        f"{offset}, {name} holds {n_elements} elements, offset + size - 2**64 = "
+        f"{offset + n_elements - (1 << 64)}")
 
 
 def _is_integer_scalar(value: Any) -> bool:
