@@ -29,8 +29,8 @@ Fitness shaping
 so an all-equal population (or an antithetic pair with equal fitness) gives
 no gradient. ``"z_score"``: ``(f - mean) / std`` (zeros when ``std == 0``).
 ``"raw"``: the oriented fitness as is, except that a generation whose largest
-``|f|`` exceeds ``2**37 * sigma`` is scaled down to that bound (a positive
-factor: the direction is kept), so no gradient entry ``sum_i f_i s_i noise_i /
+``|f|`` exceeds ``2**37 * sigma`` is scaled down below that bound (a positive
+factor, see :func:`bound_raw_fitness`: the direction is kept), so no gradient entry ``sum_i f_i s_i noise_i /
 (pop * sigma)`` can pass ``2**40`` (noise values are below 8 in magnitude) and
 the inner optimizer's moments (``g**2``) stay far inside float32 range. Such
 generations are counted in ``state.rescaled_count``. ``"z_score"`` divides by
@@ -188,8 +188,11 @@ def z_score(fitness: jax.Array) -> jax.Array:
   """
   fitness = jnp.asarray(fitness, jnp.float32)
   # Scale-invariant; dividing huge values first keeps the mean and squares finite.
+  # (A power of two, by ldexp: XLA divides through a reciprocal, which
+  # flushes to zero for divisors near the float32 maximum.)
   largest = jnp.max(jnp.abs(fitness))
-  fitness = jnp.where(largest > _Z_SCORE_PRESCALE, fitness / largest, fitness)
+  _, exponent = jnp.frexp(largest)
+  fitness = jnp.where(largest > _Z_SCORE_PRESCALE, jnp.ldexp(fitness, -exponent), fitness)
   centred = fitness - jnp.mean(fitness)
   std = jnp.sqrt(jnp.mean(centred * centred))
   return jnp.where(std > 0, centred / jnp.where(std > 0, std, 1.0), 0.0)
@@ -214,21 +217,26 @@ def bound_raw_fitness(fitness: jax.Array, sigma: float | jax.Array) -> tuple[jax
     sigma: the perturbation standard deviation.
 
   Returns:
-    ``(fitness, rescaled)``: ``fitness * min(1, 2**37 * sigma / max|f|)`` and
-    an int32 0 / 1 flag (1 when it was scaled down).
+    ``(fitness, rescaled)``: ``fitness`` unchanged when ``max|f| <= limit =
+    2**37 * sigma``, else ``fitness * 2**-e * limit`` with ``2**e`` the power
+    of two just above ``max|f|`` (so ``max|f|`` lands in ``[limit / 2,
+    limit)``); and an int32 0 / 1 flag (1 when it was scaled down).
 
   Example:
     >>> import jax.numpy as jnp
-    >>> bounded, rescaled = bound_raw_fitness(jnp.array([1e30, -1e30]), 1.0)
+    >>> bounded, rescaled = bound_raw_fitness(jnp.array([2.0**100, -2.0**99]), 1.0)
     >>> bounded.tolist(), int(rescaled)
-    ([137438953472.0, -137438953472.0], 1)
+    ([68719476736.0, -34359738368.0], 1)
   """
   fitness = jnp.asarray(fitness, jnp.float32)
   limit = jnp.float32(_GRADIENT_BOUND / _NOISE_BOUND) * jnp.asarray(sigma, jnp.float32)
   largest = jnp.max(jnp.abs(fitness))
   over = largest > limit
-  factor = jnp.where(over, limit / jnp.where(over, largest, 1.0), 1.0)
-  return jnp.where(over, fitness * factor, fitness), over.astype(jnp.int32)
+  # ldexp by a power of two, not a division: XLA divides through a reciprocal,
+  # which flushes to zero for divisors near the float32 maximum.
+  _, exponent = jnp.frexp(largest)
+  return (jnp.where(over, jnp.ldexp(fitness, -exponent) * limit, fitness),
+          over.astype(jnp.int32))
 
 
 def _all_finite(tree: Any) -> jax.Array:
