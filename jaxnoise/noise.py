@@ -411,8 +411,9 @@ def draw_seeds(key: jax.Array, pop_size: int, *, antithetic: bool = False) -> ja
   ``(2m, 2m + 1)`` gets the same seed (the ops give them signs +1 and -1).
 
   Args:
-    key: a ``jax.random`` key (typed or raw uint32).
-    pop_size: population size.
+    key: a ``jax.random`` key (typed or raw uint32); anything else raises
+      ``TypeError``.
+    pop_size: population size (a positive Python int; floats raise ``TypeError``).
     antithetic: duplicate seeds in pairs.
 
   Returns:
@@ -476,8 +477,10 @@ def virtual_noise(
 
   Args:
     seeds: ``(pop,)`` seeds (see :func:`as_seeds`).
-    shape: the block's shape (any rank; flattened row-major).
-    offset: the block's first element index (a Python int, may exceed 2**32).
+    shape: the block's shape (any rank; flattened row-major); non-negative
+      ints (floats and bools raise ``TypeError``; zero dims give an empty block).
+    offset: the block's first element index (a Python int, may exceed 2**32;
+      ``offset + size <= 2**64`` or ``ValueError``).
     kind: noise kind.
     antithetic: individuals ``2m`` and ``2m + 1`` use ``seeds[2m]`` with
       signs ``+1`` and ``-1``.
