@@ -139,11 +139,14 @@ def test_elementwise_kernels_chunked(rng):
 
 
 def test_out_of_range_codes_saturate():
-  """Hand-made codes >= 3lv decode to +1 everywhere (never t = 2)."""
+  """Hand-made codes >= 3lv raise when concrete; traced, they decode to +1 everywhere."""
   packed = jnp.asarray(np_pack(np.array([[62, 63, 9, 10]])))  # C=2: 9 valid codes
   for implementation in ["reference"] + KERNEL_IMPLS:
-    weight = ternary.ternary_decode(packed, jnp.ones(1), C=2, implementation=implementation)
-    np.testing.assert_array_equal(np.asarray(weight), [[1.0, 1.0, 1.0, 1.0]])
+    with pytest.raises(ValueError, match=r"packed holds 4 codes outside \[0, 9\)"):
+      ternary.ternary_decode(packed, jnp.ones(1), C=2, implementation=implementation)
+    decode = jax.jit(lambda p, impl=implementation: ternary.ternary_decode(
+        p, jnp.ones(1), C=2, implementation=impl))
+    np.testing.assert_array_equal(np.asarray(decode(packed)), [[1.0, 1.0, 1.0, 1.0]])
 
 
 # ----------------------------------------------------------------------------

@@ -51,6 +51,8 @@ A row whose statistics ``mean(g**2)`` or ``sum(g * t)`` are not finite (any
 NaN or inf in ``g``, or an overflowing sum of squares) is *skipped*: its
 codes, scale and ``v`` are returned unchanged, and it is counted in the
 ``skipped_rows`` output. A NaN gradient therefore never reaches the state.
+Rows whose own state is invalid (``scale <= 0``, ``v < 0``, NaN or inf) are
+skipped and counted the same way.
 
 Inputs are assumed validated by :mod:`jaxnoise.ops.ternary.api`.
 """
@@ -151,7 +153,8 @@ def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lag
   Returns:
     ``(scale_out, v_out, ratio_m1, step, active)``: the new scale and state
     (unchanged on skipped rows), ``s / s' - 1``, ``lr * lv / d`` and a bool
-    that is False on rows skipped for a non-finite gradient.
+    that is False on rows skipped for a non-finite gradient or an invalid
+    ``scale`` / ``v``.
   """
   lr, lr_scale, beta, eps = hyper[0], hyper[1], hyper[2], hyper[3]
   lv = levels(C)
@@ -160,7 +163,10 @@ def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lag
   denom = jnp.maximum(jnp.sqrt(v if lagged else v_new), eps)
   grad_scale = sum_gt * _F32(1.0 / math.sqrt(in_features))
   scale_new = jnp.clip(scale - lr_scale * grad_scale, _F32(SCALE_MIN), _F32(SCALE_MAX))
-  active = is_finite(sum_sq) & is_finite(sum_gt)
+  # A row with an invalid state (scale <= 0, v < 0, NaN or inf: only from
+  # hand-made or traced state; the API rejects concrete ones) is skipped too.
+  active = (is_finite(sum_sq) & is_finite(sum_gt) & (scale > 0) & is_finite(scale)
+            & (v >= 0) & is_finite(v))
   ratio_m1 = scale / scale_new - _F32(1.0)
   step = (lr * _F32(lv)) / denom
   scale_out = jnp.where(active, scale_new, scale)
