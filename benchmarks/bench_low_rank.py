@@ -332,7 +332,8 @@ def plot(results, path):
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   except ImportError:
     return
-  rows = [r for r in results if "fraction_of_inference" in r and r.get("fraction_of_inference")]
+  rows = [r for r in results if r.get("fraction_of_inference")
+          and r["case"].split()[0] in ("jaxnoise", "eggroll")]
   dtypes = sorted({r["dtype"] for r in rows})
   if not dtypes:
     return
@@ -357,6 +358,13 @@ def plot(results, path):
   fig.savefig(path, dpi=120)
 
 
+def replot(json_path: str, png_path: str) -> None:
+  """Redraw the figure from a run's JSON (``--replot``)."""
+  import json  # pylint: disable=g-import-not-at-top
+  with open(json_path) as f:
+    plot(json.load(f)["results"], png_path)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--check", action="store_true", help="compiled kernels vs the reference")
@@ -369,7 +377,12 @@ def main():
   parser.add_argument("--ranks", default="1,2,4,8,16", help="comma-separated ranks")
   parser.add_argument("--only", default="", help="run cases whose name contains this")
   parser.add_argument("--budget", type=float, default=480.0, help="seconds before skipping")
+  parser.add_argument("--replot", nargs=2, metavar=("JSON", "PNG"),
+                      help="only redraw the figure of an earlier run")
   args = parser.parse_args()
+  if args.replot:
+    replot(*args.replot)
+    return 0
   implementation = "pallas" if jax.default_backend() == "gpu" else "interpret"
   kinds = [k for k in args.kinds.split(",") if k] or sorted(
       noise_lib.KINDS, key=lambda k: k != noise_lib.DEFAULT_KIND)

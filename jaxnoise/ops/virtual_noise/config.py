@@ -277,7 +277,8 @@ class LowRankLinearConfig:
     materialize: skip the kernel: build the factors ``(pop, out, r)`` and
       ``(pop, in, r)`` with XLA and contract them with XLA einsums.
     fuse_base: with per-individual x, the kernel reads XLA's GEMM output and
-      writes the sum (False: it writes the noise term and XLA adds it).
+      writes the sum (False: it writes the noise term and XLA adds it, which
+      measured slower on an H200).
       Shared x always adds its small ``(batch, out)`` GEMM in the kernel.
   """
 
@@ -287,7 +288,7 @@ class LowRankLinearConfig:
   num_warps: int = 4
   num_stages: int = 2
   materialize: bool = False
-  fuse_base: bool = False
+  fuse_base: bool = True
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")
@@ -303,20 +304,24 @@ MAX_KERNEL_RANK = 16
 
 def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int,
                                rank: int) -> LowRankLinearConfig:
-  """2048-element register tiles (1024 above rank 4), 8 warps, the batch up to 16 rows.
+  """Register tiles of 2048 elements at rank 1 and 1024 above, the batch up to 16 rows.
 
-  Measured on an H200 at 1024 members x (8192, 8192), one row each
-  (benchmarks/RESULTS.md, 2026-11-30): 2048-wide steps with 8 warps were the
-  fastest or within noise of it at ranks 1 and 4, in bf16 and f32; 4096-wide
-  steps with 4 warps lost 1.6x at rank 4.
+  From the H200 sweeps at 1024 members x (8192, 8192), one row each
+  (benchmarks/RESULTS.md, 2026-11-30, runs 1 and 2): at rank 1, 2048-wide
+  steps were fastest in bf16 and f32 (0.225-0.236 ms in bf16); at rank 4,
+  1024-wide steps with 4 warps and 2 stages (0.258 ms in bf16) beat 2048 and
+  4096 with 4 warps (0.38-0.48 ms). Reading the GEMM's output in the kernel
+  (``fuse_base``) was faster than XLA's separate add in 13 of 16 paired
+  configs. Run-to-run spread was about 10%.
   """
   block_batch = min(16, next_pow2(batch))
-  width = max(32, (2048 if rank <= 4 else 1024) // block_batch)
+  width = max(32, (2048 if rank == 1 else 1024) // block_batch)
   block_reduce = min(width, max(32, next_pow2(n_reduce)))
   block_emit = min(width, max(32, next_pow2(n_emit)))
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
-                             block_emit=block_emit, num_warps=8, num_stages=2,
-                             materialize=rank > MAX_KERNEL_RANK)
+                             block_emit=block_emit, num_warps=4,
+                             num_stages=1 if rank == 1 else 2,
+                             materialize=rank > MAX_KERNEL_RANK, fuse_base=True)
 
 
 @dataclasses.dataclass(frozen=True)
