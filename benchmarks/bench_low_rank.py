@@ -28,6 +28,7 @@ import functools
 import importlib
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -56,15 +57,20 @@ def check_cases(quick: bool, implementation: str):
   kinds = ["rademacher"] if quick else sorted(noise_lib.KINDS)
   ranks = [1, 3] if quick else [1, 3, 16, 20]
   cases = []
+  # Every kind and offset first (two combinations each), then the rest.
+  combos = []
   for shape_index, (pop, batch, out_f, in_f) in enumerate(shapes):
+    for rank in ranks:
+      for shared in (True, False):
+        for antithetic in (False, True):
+          if shape_index and (shared == antithetic or rank not in (1, 3)):
+            continue
+          first = shape_index == 0 and rank in (1, 3) and shared != antithetic
+          combos.append((not first, (pop, batch, out_f, in_f), rank, shared, antithetic))
+  combos.sort(key=lambda c: c[0])
+  for _, (pop, batch, out_f, in_f), rank, shared, antithetic in combos:
     for kind in kinds:
       for offset in offsets:
-        for rank in ranks:
-          for shared in (True, False):
-            for antithetic in (False, True):
-              # The first shape gets every combination; the larger ones two.
-              if shape_index and (shared == antithetic or rank not in (1, 3)):
-                continue
               name = (f"check {kind} pop={pop} batch={batch} out={out_f} in={in_f} "
                       f"offset={offset} rank={rank} shared={shared} anti={antithetic}")
               cases.append((name, functools.partial(
@@ -140,13 +146,29 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
       return shared
 
     def inference(dtype=dtype, setup=setup):
+      """The floor: the fastest of three ways to write batch inference."""
       data = setup()
-      fn = jax.jit(lambda x, w: jnp.dot(x[:, 0], w.T))
-      seconds = _harness.median_time(fn, data["x"], data["w"], repeats=20)
+      if not quick:
+        _warm_up(data)
+      forms = {
+          "x @ w.T": jax.jit(lambda x, w: jnp.dot(x[:, 0], w.T)),
+          "dot_general": jax.jit(lambda x, w: jax.lax.dot_general(
+              x[:, 0], w, (((1,), (1,)), ((), ())))),
+          "einsum per member": jax.jit(lambda x, w: jnp.einsum("pbk,ok->pbo", x, w)),
+      }
+      times = {name: _harness.median_time(fn, data["x"], data["w"], repeats=20)
+               for name, fn in forms.items()}
+      w_t = jnp.asarray(data["w"].T)  # (in, out) storage, like flax's kernel
+      times["x @ w_in_out"] = _harness.median_time(jax.jit(lambda x, w: jnp.dot(x[:, 0], w)),
+                                                   data["x"], w_t, repeats=20)
+      seconds = min(times.values())
       data["inference_s"] = seconds
-      return {"ms": seconds * 1e3, "dtype": str(dtype), "variant": "inference"}
+      return {"ms": seconds * 1e3, "dtype": str(dtype), "variant": "inference",
+              "forms_ms": {k: v * 1e3 for k, v in times.items()}}
 
     cases.append((f"inference {dtype_name}", inference))
+    cases.append((f"breakdown {dtype_name}", functools.partial(_breakdown_case, setup, dtype,
+                                                              kinds, implementation)))
     for rank in ranks:
       if eggroll is not None:
         cases.append((f"eggroll {dtype_name} rank={rank}",
@@ -166,19 +188,68 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
                                         implementation, variant)))
     for rank in (1, 4):
       for optimizer in ("sgd", "adam"):
-        cases.append((f"es step {dtype_name} {kinds[0]} rank={rank} {optimizer}",
-                      functools.partial(_step_case, setup, rank, kinds[0], dtype, optimizer,
-                                        implementation)))
+        for operand in ("float32", "bfloat16"):
+          cases.append((f"es step {dtype_name} {kinds[0]} rank={rank} {optimizer} "
+                        f"grad operands {operand}",
+                        functools.partial(_step_case, setup, rank, kinds[0], dtype, optimizer,
+                                          implementation, operand)))
   return cases
 
 
 def _config_variants(features, rank):
   base = config_lib.low_rank_linear_heuristics(1, features, features, rank)
-  widths = sorted({min(features, w) for w in (256, 1024, 2048, 4096)})
+  widths = sorted({min(features, w) for w in (1024, 2048)})
   variants = [config_lib.LowRankLinearConfig(block_batch=1, block_reduce=w, block_emit=w,
-                                             num_warps=warps, num_stages=stages)
-              for w in widths for warps in (4, 8) for stages in (1, 2)]
+                                             num_warps=warps, num_stages=stages,
+                                             fuse_base=fuse)
+              for w in widths for warps in (4, 8) for stages in (1, 2) for fuse in (False, True)]
   return [v for v in variants if v != base]
+
+
+def _warm_up(data, seconds=2.0):
+  """Busy the GPU for a while first, so clocks are up before the first timed case."""
+  fn = jax.jit(lambda x, w: jnp.einsum("pbk,ok->pbo", x, w))
+  deadline = time.perf_counter() + seconds
+  while time.perf_counter() < deadline:
+    jax.block_until_ready(fn(data["x"], data["w"]))
+
+
+def _breakdown_case(setup, dtype, kinds, implementation):
+  """Where the time goes: the GEMM alone, the noise term alone, the add, the op's HLO."""
+  from jaxnoise.ops.virtual_noise import pallas_triton  # pylint: disable=g-import-not-at-top
+  data = setup()
+  x, w, seeds = data["x"], data["w"], data["seeds"]
+  features = w.shape[0]
+  record = {"dtype": str(dtype), "variant": "breakdown"}
+  gemm = jax.jit(lambda x, w: jnp.einsum("...bk,ok->...bo", x, w, preferred_element_type=dtype))
+  record["gemm_ms"] = _harness.median_time(gemm, x, w, repeats=20) * 1e3
+  base = gemm(x, w)
+  record["add_ms"] = _harness.median_time(jax.jit(lambda a, b: a + b), base, base,
+                                          repeats=20) * 1e3
+  for kind in kinds:
+    for rank in (1, 4):
+      kind_obj = noise_lib.get_kind(kind)
+      config = config_lib.low_rank_linear_heuristics(1, features, features, rank)
+      a_layout, b_layout = pallas_triton._factor_layouts(kind_obj, 0, features, features, rank)  # pylint: disable=protected-access
+
+      def term(x, seeds, rank=rank, config=config, a_layout=a_layout, b_layout=b_layout):
+        return pallas_triton._low_rank_term(  # pylint: disable=protected-access
+            x, seeds, jnp.float32(0.01), base=None, bias=None, reduce_layout=b_layout,
+            emit_layout=a_layout, rank=rank, antithetic=True, n_emit=features,
+            bias_offset=None, out_dtype=dtype, config=config,
+            interpret=implementation == "interpret", name="term")
+
+      record[f"term_{kind}_r{rank}_ms"] = _harness.median_time(
+          jax.jit(term), x, seeds, repeats=20) * 1e3
+  op = jax.jit(lambda x, w, seeds: jaxnoise.virtual_perturbed_linear(
+      x, w, None, seeds, 0.01, 0, antithetic=True, rank=1, out_dtype=dtype,
+      implementation=implementation))
+  hlo = op.lower(x, w, seeds).compile().as_text()
+  record["hlo_custom_calls"] = hlo.count("custom-call(")
+  record["hlo_fusions"] = hlo.count(" fusion(")
+  record["hlo_gemm_lines"] = [line.strip()[:300] for line in hlo.splitlines()
+                              if "gemm" in line.lower() and "custom-call" in line][:4]
+  return record
 
 
 def _fraction(data, seconds):
@@ -216,23 +287,28 @@ def _jaxnoise_case(setup, rank, kind, dtype, materialize, implementation, config
           "variant": "materialized" if materialize else "kernel", "config": str(config)}
 
 
-def _step_case(setup, rank, kind, dtype, optimizer_name, implementation):
-  """Forward for every member, the gradient estimate and the update of the layer."""
+def _step_case(setup, rank, kind, dtype, optimizer_name, implementation, operand_dtype):
+  """Forward for every member, the gradient estimate and the update of the layer.
+
+  The weight is stored in the benchmark's dtype (as EGGROLL keeps it); the
+  gradient GEMM's operands are ``operand_dtype``.
+  """
   data = setup()
   optimizer = optax.sgd(1e-3) if optimizer_name == "sgd" else optax.adam(1e-3)
-  weight = jnp.array(data["w"], jnp.float32, copy=True)  # donated by the step
+  weight = jnp.array(data["w"], copy=True)  # donated by the step
   opt_state = optimizer.init(weight)
+  gradient_config = config_lib.LowRankGradientConfig(operand_dtype=operand_dtype)
 
   def step(weight, opt_state, x, seeds):
     y = jaxnoise.virtual_perturbed_linear(
-        x, weight.astype(dtype), None, seeds, 0.01, 0, kind=kind, antithetic=True, rank=rank,
+        x, weight, None, seeds, 0.01, 0, kind=kind, antithetic=True, rank=rank,
         out_dtype=dtype, implementation=implementation)
     fitness = jnp.mean(jnp.square(y.astype(jnp.float32) - 0.5), axis=(1, 2))
     fitness = jaxnoise.optim.centered_rank(fitness)
     gradient = jaxnoise.virtual_weight_gradient(
         fitness, seeds, weight.shape, 0.01, None, 0, kind=kind, antithetic=True, rank=rank,
-        implementation=implementation)
-    updates, opt_state = optimizer.update(gradient, opt_state, weight)
+        implementation=implementation, config=gradient_config)
+    updates, opt_state = optimizer.update(gradient.astype(weight.dtype), opt_state, weight)
     return optax.apply_updates(weight, updates), opt_state
 
   step = jax.jit(step, donate_argnums=(0, 1))
@@ -245,7 +321,7 @@ def _step_case(setup, rank, kind, dtype, optimizer_name, implementation):
   seconds = _harness.median_time(run, data["x"], data["seeds"], repeats=10)
   gemm = data.get("inference_s")
   return {"ms": seconds * 1e3, "rank": rank, "kind": kind, "dtype": str(dtype),
-          "optimizer": optimizer_name, "variant": "es_step",
+          "optimizer": optimizer_name, "variant": "es_step", "operand_dtype": operand_dtype,
           "ratio_to_inference_plus_gemm": seconds / (2 * gemm) if gemm else None}
 
 
@@ -256,7 +332,8 @@ def plot(results, path):
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   except ImportError:
     return
-  rows = [r for r in results if "fraction_of_inference" in r and r.get("fraction_of_inference")]
+  rows = [r for r in results if r.get("fraction_of_inference")
+          and r["case"].split()[0] in ("jaxnoise", "eggroll")]
   dtypes = sorted({r["dtype"] for r in rows})
   if not dtypes:
     return
@@ -281,6 +358,13 @@ def plot(results, path):
   fig.savefig(path, dpi=120)
 
 
+def replot(json_path: str, png_path: str) -> None:
+  """Redraw the figure from a run's JSON (``--replot``)."""
+  import json  # pylint: disable=g-import-not-at-top
+  with open(json_path) as f:
+    plot(json.load(f)["results"], png_path)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--check", action="store_true", help="compiled kernels vs the reference")
@@ -293,7 +377,12 @@ def main():
   parser.add_argument("--ranks", default="1,2,4,8,16", help="comma-separated ranks")
   parser.add_argument("--only", default="", help="run cases whose name contains this")
   parser.add_argument("--budget", type=float, default=480.0, help="seconds before skipping")
+  parser.add_argument("--replot", nargs=2, metavar=("JSON", "PNG"),
+                      help="only redraw the figure of an earlier run")
   args = parser.parse_args()
+  if args.replot:
+    replot(*args.replot)
+    return 0
   implementation = "pallas" if jax.default_backend() == "gpu" else "interpret"
   kinds = [k for k in args.kinds.split(",") if k] or sorted(
       noise_lib.KINDS, key=lambda k: k != noise_lib.DEFAULT_KIND)

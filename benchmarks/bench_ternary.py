@@ -226,18 +226,8 @@ def case_update_throughput(args, shape, grad_dtype, copy_bytes_per_s, config=Non
 
 
 def sweep_configs(shape):
-  out_features, in_features = shape
-  groups = in_features // 4
-  block_groups = min(config_lib.next_power_of_2(groups), 4096)
-  candidates = []
-  for block_rows in (1, 2, 4):
-    for num_warps in (2, 4, 8, 16):
-      if block_rows * block_groups // (32 * num_warps) < 1:
-        continue
-      candidates.append(config_lib.CounterUpdateConfig(block_rows=block_rows,
-                                                       block_groups=block_groups,
-                                                       num_warps=num_warps, num_stages=1))
-  return candidates
+  """The heuristic (old default) first, then its bitwise / dense-gradient / multi-row variants."""
+  return config_lib.CounterUpdateConfig.candidates(shape)
 
 
 def case_update_sweep(args, shape, copy_bytes_per_s) -> dict:
@@ -362,7 +352,12 @@ def case_matmul_sweep(args, m_rows, shape, kind) -> dict:
 # Driver.
 
 
+_ONLY: tuple = ()
+
+
 def run_case(results: dict, name: str, fn, *args, **kwargs):
+  if _ONLY and not name.startswith(_ONLY):
+    return None
   start = time.perf_counter()
   try:
     value = fn(*args, **kwargs)
@@ -475,6 +470,8 @@ def main(argv=None):
                       help="tiny shapes through the Pallas interpreter (CPU check)")
   parser.add_argument("--samples", type=int, default=None, help="timed samples (>= 10 on GPU)")
   parser.add_argument("--inner", type=int, default=None, help="calls per sample")
+  parser.add_argument("--only", default="",
+                      help="comma-separated case-name prefixes (e.g. 'copy,sweep update')")
   args = parser.parse_args(argv)
   if args.samples is None:
     args.samples = 3 if args.quick else 15
@@ -486,6 +483,10 @@ def main(argv=None):
   print(f"jax {jax.__version__}, device {device.device_kind} ({jax.default_backend()}), "
         f"{'quick/interpret' if args.quick else 'compiled'}", flush=True)
 
+  global _ONLY
+  _ONLY = tuple(p.strip() for p in args.only.split(",") if p.strip())
+  if _ONLY:
+    _ONLY = _ONLY + ("copy",)
   results: dict = {}
   copy = run_case(results, "copy bandwidth", case_copy_bandwidth, args)
   copy_bytes_per_s = copy["copy_bytes_per_s"] if copy else None
@@ -503,8 +504,10 @@ def main(argv=None):
       run_case(results, f"matmul M={m_rows} {shape[0]}x{shape[1]} bf16", case_matmul, args,
                m_rows, shape)
 
-  run_case(results, f"sweep update {update_shapes[0][0]}x{update_shapes[0][1]} f32",
-           case_update_sweep, args, update_shapes[0], copy_bytes_per_s)
+  sweep_shapes = [(64, 4 * 33)] if args.quick else [(4096, 4096), (8192, 8192), (1536, 2304)]
+  for shape in sweep_shapes:
+    run_case(results, f"sweep update {shape[0]}x{shape[1]} f32", case_update_sweep, args, shape,
+             copy_bytes_per_s)
   sweep_shape = matmul_shapes[0]
   for m_rows, kind in (((1, "decode"), (64, "prefill")) if args.quick
                        else ((1, "decode"), (4096, "prefill"))):

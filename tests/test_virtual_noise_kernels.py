@@ -353,6 +353,11 @@ def test_kernels_lower_to_triton():
       cases.append((f"reduce-metric {kind_name} {offset}", functools.partial(
           pallas_triton.reduce_metric, offset=offset, kind=kind, antithetic=False),
           dict(center=spec((5003,), jnp.float32), seeds=seeds, sigma=sigma)))
+      if kind.values_per_word == 1:
+        cases.append((f"reduce-metric individuals {kind_name} {offset}", functools.partial(
+            pallas_triton.reduce_metric, offset=offset, kind=kind, antithetic=True,
+            config=config_lib.reduce_metric_individuals_heuristics(5003, 32)),
+            dict(center=spec((5003,), jnp.float32), seeds=seeds, sigma=sigma)))
   for name, fn, kwargs in cases:
     text = jax.jit(lambda kw, fn=fn: fn(**kw)).trace(kwargs).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -407,3 +412,31 @@ def test_pipelining_fits_shared_memory(monkeypatch, dtype, batch):
     stages = grad_config.input_grad_stages(products)
     tile = grad_config.block_batch * grad_config.block_out * 4
     assert stages * products * tile + grad_config.block_out * grad_config.block_in * 4 <= limit
+
+
+@pytest.mark.parametrize("kind", ["uniform", "normal"])
+@pytest.mark.parametrize("offset", [0, 5, 2**32 - 300, 2**40 + 3])
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_reduce_metric_individuals_layout_matches_reference(kind, offset, antithetic):
+  """The ``(individuals, parameters)`` layout, ragged on both axes and across 2**32."""
+  center = jax.random.normal(jax.random.key(1), (1003,))
+  seeds = jnp.arange(10, dtype=jnp.uint32) * 7 + 3
+  config = config_lib.ReduceMetricConfig(layout="individuals", individuals_per_program=4,
+                                         block_params=128, param_splits=3, num_warps=4)
+  kwargs = dict(offset=offset, kind=kind, antithetic=antithetic)
+  result = jaxnoise.virtual_reduce_metric(center, seeds, 0.3, implementation="interpret",
+                                          config=config, **kwargs)
+  expected = jaxnoise.virtual_reduce_metric(center, seeds, 0.3, implementation="reference",
+                                            **kwargs)
+  np.testing.assert_allclose(np.asarray(result), np.asarray(expected), rtol=1e-6)
+
+
+def test_reduce_metric_individuals_layout_rejects_packed_kinds():
+  config = config_lib.ReduceMetricConfig(layout="individuals")
+  with pytest.raises(ValueError, match="one value per word"):
+    jaxnoise.virtual_reduce_metric(jnp.ones(64), jnp.arange(4, dtype=jnp.uint32), 0.1,
+                                   kind="rademacher", implementation="interpret", config=config)
+  assert all(c.layout == "rows" for c in config_lib.reduce_metric_candidates(
+      4096, 64, noise_lib.get_kind("rademacher")))
+  with pytest.raises(ValueError, match="layout"):
+    config_lib.ReduceMetricConfig(layout="columns").validate()

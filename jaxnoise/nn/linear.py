@@ -117,6 +117,9 @@ class VirtualLinear(nnx.Linear):
   """
 
   def __call__(self, inputs: jax.Array, *args, **kwargs) -> jax.Array:
+    if not jax.numpy.shape(inputs)[-1:] == (self.in_features,):
+      raise ValueError(f"inputs' last dimension must be in_features={self.in_features}, got "
+                       f"{_common.describe(inputs)}")
     noise = _active_noise(self)
     if noise is None:
       return super().__call__(inputs, *args, **kwargs)

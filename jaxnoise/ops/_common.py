@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
+import threading
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 IMPLEMENTATIONS = ("auto", "pallas", "interpret", "reference")
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -74,8 +77,87 @@ def concrete_float(value: Any) -> float | None:
     return None
 
 
+# ----------------------------------------------------------------------------
+# Run-time checks of traced values (opt-in; see jaxnoise.checks).
+
+_RUNTIME_CHECKS = threading.local()
+
+
+def runtime_checks_enabled() -> bool:
+  """True inside :func:`runtime_checks` (while ``jaxnoise.checks.checkify`` traces)."""
+  return getattr(_RUNTIME_CHECKS, "enabled", False)
+
+
+@contextlib.contextmanager
+def runtime_checks(enabled: bool = True):
+  """Emit ``checkify`` checks for traced values while tracing inside this context."""
+  previous = runtime_checks_enabled()
+  _RUNTIME_CHECKS.enabled = bool(enabled)
+  try:
+    yield
+  finally:
+    _RUNTIME_CHECKS.enabled = previous
+
+
+def without_runtime_checks(fn):
+  """``fn`` traced with run-time checks off (for bodies of ``custom_vmap`` / ``custom_vjp``)."""
+
+  def wrapped(*args, **kwargs):
+    with runtime_checks(False):
+      return fn(*args, **kwargs)
+
+  return wrapped
+
+
+def is_traced(value: Any) -> bool:
+  """True for a tracer (a value known only at run time)."""
+  return isinstance(value, jax.core.Tracer)
+
+
+def runtime_check(predicate: Any, message: str, *args: Any) -> None:
+  """``checkify.check(predicate, message, *args)`` when run-time checks are on.
+
+  Concrete values are checked eagerly by the callers (a ``ValueError``); this
+  covers traced ones, and is a no-op unless :func:`runtime_checks_enabled`.
+  """
+  if runtime_checks_enabled():
+    checkify.check(jnp.asarray(predicate), message, *args)
+
+
+def check_out_dtype(dtype: Any, name: str = "out_dtype",
+                    dtypes: tuple = FLOAT_DTYPES) -> jnp.dtype:
+  """A floating output dtype among ``dtypes`` (int / bool dtypes would truncate)."""
+  try:
+    value = jnp.dtype(dtype)
+  except TypeError:
+    raise TypeError(f"{name} must be a float dtype, got {dtype!r}") from None
+  if value not in dtypes:
+    names = ", ".join(str(d) for d in dtypes)
+    raise TypeError(f"{name} must be one of ({names}), got {value}")
+  return value
+
+
+def check_finite_values(value: jax.Array, name: str) -> None:
+  """Raise when a concrete ``value`` holds NaN or inf; a run-time check when traced."""
+  if is_traced(value):
+    if not runtime_checks_enabled():
+      return
+    bad = jnp.sum(~jnp.isfinite(value))
+    runtime_check(bad == 0, f"{name} holds {{}} non-finite values (shape "
+                  f"{tuple(np.shape(value))})", bad)
+    return
+  bad = int(jnp.sum(~jnp.isfinite(value)))
+  if bad:
+    raise ValueError(f"{name} must be finite, got {bad} NaN/inf values in {describe(value)}")
+
+
 def check_sigma(sigma: Any, name: str = "sigma") -> jax.Array:
-  """A positive, finite float scalar (checked when concrete); float32 array out."""
+  """A positive, finite float scalar (checked when concrete); float32 array out.
+
+  A traced ``sigma`` is checked at run time only under
+  :func:`jaxnoise.checks.checkify`; otherwise a NaN gives NaN outputs and a
+  negative value mirrors the noise.
+  """
   dtype = getattr(sigma, "dtype", None)
   if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
     raise TypeError(f"{name} must be a float scalar, got {describe(sigma)}")
@@ -87,7 +169,11 @@ def check_sigma(sigma: Any, name: str = "sigma") -> jax.Array:
   if as_float is not None:
     if not math.isfinite(as_float) or as_float <= 0:
       raise ValueError(f"{name} must be positive and finite, got {as_float}")
-  return jnp.asarray(sigma, jnp.float32)
+  sigma = jnp.asarray(sigma, jnp.float32)
+  if as_float is None:
+    runtime_check(jnp.isfinite(sigma) & (sigma > 0),
+                  f"{name} must be positive and finite, got {{}}", sigma)
+  return sigma
 
 
 def check_positive_int(value: Any, name: str) -> int:
@@ -100,14 +186,22 @@ def check_positive_int(value: Any, name: str) -> int:
   return value
 
 
-def check_shape(shape: Any, name: str, ndim: int) -> tuple[int, ...]:
-  """A tuple of ``ndim`` positive ints (an int is taken as a 1-tuple)."""
-  if isinstance(shape, (int, np.integer)) and ndim == 1:
+def check_shape(shape: Any, name: str, ndim: int, *, allow_zero: bool = False) -> tuple[int, ...]:
+  """A tuple of ``ndim`` positive ints (an int is taken as a 1-tuple); floats and bools raise.
+
+  With ``allow_zero``, zero dims (an empty block) are accepted too.
+  """
+  if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)) \
+      and ndim == 1:
     shape = (int(shape),)
   try:
+    if any(isinstance(d, (bool, np.bool_)) for d in shape):
+      raise TypeError
     shape = tuple(operator.index(d) for d in shape)
   except TypeError:
     raise TypeError(f"{name} must be a tuple of {ndim} ints, got {shape!r}") from None
-  if len(shape) != ndim or any(d <= 0 for d in shape):
-    raise ValueError(f"{name} must be {ndim} positive ints, got {shape}")
+  low = 0 if allow_zero else 1
+  if len(shape) != ndim or any(d < low for d in shape):
+    what = "non-negative" if allow_zero else "positive"
+    raise ValueError(f"{name} must be {ndim} {what} ints, got {shape}")
   return shape

@@ -28,7 +28,22 @@ Fitness shaping
 (``rank / (pop - 1) - 0.5``); equal fitness values share their average rank,
 so an all-equal population (or an antithetic pair with equal fitness) gives
 no gradient. ``"z_score"``: ``(f - mean) / std`` (zeros when ``std == 0``).
-``"raw"``: the oriented fitness as is.
+``"raw"``: the oriented fitness as is, except that a generation whose largest
+``|f|`` exceeds ``2**37 * sigma`` is scaled down below that bound (a positive
+factor, see :func:`bound_raw_fitness`: the direction is kept), so no gradient entry ``sum_i f_i s_i noise_i /
+(pop * sigma)`` can pass ``2**40`` (noise values are below 8 in magnitude) and
+the inner optimizer's moments (``g**2``) stay far inside float32 range. Such
+generations are counted in ``state.rescaled_count``. ``"z_score"`` divides by
+the largest ``|f|`` first when it exceeds ``2**50``, so finite fitness near the
+float32 limit cannot overflow the mean or the variance.
+
+Finite updates
+--------------
+Whatever the fitness, a generation whose updates or new inner-optimizer state
+hold a NaN or inf (e.g. an optimizer state that overflowed earlier, or a
+weight decay on huge parameters) is dropped: the updates are zeros, the inner
+state is kept, and ``state.dropped_count`` counts it. So a finite fitness
+never puts a NaN or inf into the parameters, and it is never silent.
 
 Non-finite fitness
 ------------------
@@ -50,8 +65,11 @@ optimizer, as in ``torch.optim.SGD``). For decoupled decay use
 State
 -----
 :class:`EvolutionStrategyState` is a NamedTuple of arrays (the generation,
-the key's raw data, the inner optimizer state, the non-finite counter), so it
-can be jitted, sharded, saved and restored bit for bit. The seeds of a
+the key's raw data, the inner optimizer state and three counters), so it can
+be jitted, sharded, saved and restored bit for bit. ``rescaled_count`` and
+``dropped_count`` were added after the first release; a state (or checkpoint
+template) built without them (``None``) is accepted by ``update``, which
+starts them at zero. The seeds of a
 generation are a pure function of ``(key, generation)``: ``ask`` changes
 nothing, ``update`` recomputes the same seeds and advances the generation.
 
@@ -100,6 +118,7 @@ __all__ = [
     "NONFINITE_POLICIES",
     "EvolutionStrategy",
     "EvolutionStrategyState",
+    "bound_raw_fitness",
     "centered_rank",
     "evolution_strategy",
     "replace_nonfinite",
@@ -109,6 +128,12 @@ __all__ = [
 
 FITNESS_SHAPINGS = ("centered_rank", "z_score", "raw")
 NONFINITE_POLICIES = ("worst", "skip")
+# Raw fitness is bounded so that |gradient entry| <= _GRADIENT_BOUND: with
+# |noise| < _NOISE_BOUND, |sum_i f_i s_i n_i / (pop sigma)| <= max|f| * 8 / sigma.
+_GRADIENT_BOUND = 2.0**40
+_NOISE_BOUND = 8.0
+# z-score divides by max|f| first above this (the sum and the squares stay finite).
+_Z_SCORE_PRESCALE = 2.0**50
 
 
 class EvolutionStrategyState(NamedTuple):
@@ -118,6 +143,10 @@ class EvolutionStrategyState(NamedTuple):
   key_data: jax.Array  # raw uint32 data of the jax.random key (e.g. (2,) for threefry).
   inner_state: optax.OptState  # the inner optimizer's state.
   nonfinite_count: jax.Array  # () int32: non-finite fitness values seen so far.
+  # () int32: generations whose raw fitness was scaled down to keep the gradient bounded.
+  rescaled_count: jax.Array | None = None
+  # () int32: generations dropped because their updates or optimizer state were not finite.
+  dropped_count: jax.Array | None = None
 
 
 # ----------------------------------------------------------------------------
@@ -158,6 +187,12 @@ def z_score(fitness: jax.Array) -> jax.Array:
     [-1.0, 1.0]
   """
   fitness = jnp.asarray(fitness, jnp.float32)
+  # Scale-invariant; dividing huge values first keeps the mean and squares finite.
+  # (A power of two, by ldexp: XLA divides through a reciprocal, which
+  # flushes to zero for divisors near the float32 maximum.)
+  largest = jnp.max(jnp.abs(fitness))
+  _, exponent = jnp.frexp(largest)
+  fitness = jnp.where(largest > _Z_SCORE_PRESCALE, jnp.ldexp(fitness, -exponent), fitness)
   centred = fitness - jnp.mean(fitness)
   std = jnp.sqrt(jnp.mean(centred * centred))
   return jnp.where(std > 0, centred / jnp.where(std > 0, std, 1.0), 0.0)
@@ -172,6 +207,43 @@ def shape_fitness(fitness: jax.Array, method: str) -> jax.Array:
   if method == "raw":
     return jnp.asarray(fitness, jnp.float32)
   raise ValueError(f"fitness_shaping must be one of {FITNESS_SHAPINGS}, got {method!r}")
+
+
+def bound_raw_fitness(fitness: jax.Array, sigma: float | jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Scale fitness down so that the ES gradient estimate stays below ``2**40``.
+
+  Args:
+    fitness: ``(pop,)`` finite float32 fitness (raw shaping).
+    sigma: the perturbation standard deviation.
+
+  Returns:
+    ``(fitness, rescaled)``: ``fitness`` unchanged when ``max|f| <= limit =
+    2**37 * sigma``, else ``fitness * 2**-e * limit`` with ``2**e`` the power
+    of two just above ``max|f|`` (so ``max|f|`` lands in ``[limit / 2,
+    limit)``); and an int32 0 / 1 flag (1 when it was scaled down).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> bounded, rescaled = bound_raw_fitness(jnp.array([2.0**100, -2.0**99]), 1.0)
+    >>> bounded.tolist(), int(rescaled)
+    ([68719476736.0, -34359738368.0], 1)
+  """
+  fitness = jnp.asarray(fitness, jnp.float32)
+  limit = jnp.float32(_GRADIENT_BOUND / _NOISE_BOUND) * jnp.asarray(sigma, jnp.float32)
+  largest = jnp.max(jnp.abs(fitness))
+  over = largest > limit
+  # ldexp by a power of two, not a division: XLA divides through a reciprocal,
+  # which flushes to zero for divisors near the float32 maximum.
+  _, exponent = jnp.frexp(largest)
+  return (jnp.where(over, jnp.ldexp(fitness, -exponent) * limit, fitness),
+          over.astype(jnp.int32))
+
+
+def _all_finite(tree: Any) -> jax.Array:
+  """True when every floating leaf of ``tree`` is finite (True for no such leaf)."""
+  flags = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)
+           if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
 
 
 def replace_nonfinite(fitness: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -283,6 +355,8 @@ class EvolutionStrategy:
         key_data=jax.random.key_data(key),
         inner_state=self.optimizer.init(self._params(params)),
         nonfinite_count=jnp.zeros((), jnp.int32),
+        rescaled_count=jnp.zeros((), jnp.int32),
+        dropped_count=jnp.zeros((), jnp.int32),
     )
 
   def seeds(self, state: EvolutionStrategyState) -> jax.Array:
@@ -364,19 +438,29 @@ class EvolutionStrategy:
     param_tree = self._params(params)
     seeds = self.seeds(state)
     shaped, count = self.shape(fitness)
+    rescaled = jnp.zeros((), jnp.int32)
+    if self.fitness_shaping == "raw":
+      shaped, rescaled = bound_raw_fitness(shaped, self.sigma)
     ascent = self.gradient(shaped, seeds, params)
     loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
     updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
-    if self.nonfinite == "skip":
-      skip = count > 0
-      updates = jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), updates)
-      inner_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new), inner_state,
-                                 state.inner_state)
+    # The library owns this state: a non-finite update or optimizer state is
+    # dropped (and counted), never applied.
+    dropped = ~(_all_finite(updates) & _all_finite(inner_state))
+    skip = dropped | (count > 0) if self.nonfinite == "skip" else dropped
+    updates = jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), updates)
+    inner_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new), inner_state,
+                               state.inner_state)
+    zero = jnp.zeros((), jnp.int32)
     new_state = EvolutionStrategyState(
         generation=state.generation + 1,
         key_data=state.key_data,
         inner_state=inner_state,
         nonfinite_count=state.nonfinite_count + count,
+        rescaled_count=(zero if state.rescaled_count is None else state.rescaled_count)
+        + rescaled,
+        dropped_count=(zero if state.dropped_count is None else state.dropped_count)
+        + dropped.astype(jnp.int32),
     )
     return updates, new_state
 

@@ -276,6 +276,54 @@ def _check_codes_range(codes: jax.Array, limit: int, name: str, what: str) -> No
         f"{int(host.min())}, max {int(host.max())}; {name} {_common.describe(codes)}")
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _count_invalid_codes(packed: jax.Array, C: int) -> tuple[jax.Array, jax.Array]:
+  codes = reference.unpack_codes_reference(packed)
+  return jnp.sum(codes >= reference.n_codes(C), dtype=jnp.int32), jnp.max(codes)
+
+
+def check_packed_codes(packed: jax.Array, C: int, name: str = "packed") -> None:
+  """Every packed code must lie in ``[0, 3 * (2C - 1))``: the one check of every op.
+
+  Concrete ``packed`` raises ``ValueError`` (one on-device reduction and a
+  scalar read); traced ``packed`` is checked at run time under
+  :func:`jaxnoise.checks.checkify`, and otherwise out-of-range codes saturate
+  to ``t = +1`` (an update clips them back into range).
+  """
+  limit = reference.n_codes(C)
+  if _common.is_traced(packed) and not _common.runtime_checks_enabled():
+    return
+  bad, largest = _count_invalid_codes(packed, C)
+  if _common.is_traced(bad):
+    _common.runtime_check(bad == 0, f"{name} holds {{}} codes >= {limit} (invalid for C={C})",
+                          bad)
+    return
+  if int(bad):
+    raise ValueError(
+        f"{name} holds {int(bad)} codes outside [0, {limit}) (invalid for C={C}; max code "
+        f"{int(largest)}); {name} {_common.describe(packed)}")
+
+
+def check_state_values(scale: jax.Array, v: jax.Array) -> None:
+  """``scale`` finite and positive, ``v`` finite and non-negative (concrete: ``ValueError``).
+
+  Traced state is checked at run time under :func:`jaxnoise.checks.checkify`;
+  otherwise the updates skip rows with an invalid state and count them in
+  ``skipped_rows``.
+  """
+  if (_common.is_traced(scale) or _common.is_traced(v)) and not _common.runtime_checks_enabled():
+    return
+  for name, value, ok in (("scale", scale, lambda a: (a > 0) & (a < jnp.inf)),
+                          ("v", v, lambda a: (a >= 0) & (a < jnp.inf))):
+    bad = jnp.sum(~ok(value.astype(jnp.float32)), dtype=jnp.int32)
+    what = "finite and positive" if name == "scale" else "finite and non-negative"
+    if _common.is_traced(bad):
+      _common.runtime_check(bad == 0, f"{name} must be {what}; {{}} rows are not", bad)
+    elif int(bad):
+      raise ValueError(f"{name} must be {what}; {int(bad)} rows are not ({name} "
+                       f"{_common.describe(value)})")
+
+
 # ----------------------------------------------------------------------------
 # Pack / unpack / init / decode.
 
@@ -345,8 +393,8 @@ def unpack_codes(packed: jax.Array, *, C: int | None = None, implementation: str
 
   Args:
     packed: packed codes (see :func:`pack_codes`).
-    C: if given and ``packed`` is concrete, raise when a code is outside
-      ``[0, 3 * (2C - 1))``.
+    C: if given, raise when a code is outside ``[0, 3 * (2C - 1))``
+      (concrete ``packed``; see :func:`check_packed_codes`).
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"``, ``"reference"``.
     config: kernel tiling (:class:`ElementwiseConfig`) or None.
 
@@ -360,14 +408,12 @@ def unpack_codes(packed: jax.Array, *, C: int | None = None, implementation: str
   """
   packed = _check_packed(packed)
   config = check_config(config, ElementwiseConfig)
+  if C is not None:
+    check_packed_codes(packed, check_C(C))
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":
-    codes = _unpack_reference(packed)
-  else:
-    codes = _run(implementation, _unpack_jit, packed, config, implementation == "interpret")
-  if C is not None:
-    _check_codes_range(codes, reference.n_codes(check_C(C)), "packed", f"C={C}")
-  return codes
+    return _unpack_reference(packed)
+  return _run(implementation, _unpack_jit, packed, config, implementation == "interpret")
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -386,7 +432,8 @@ def ternary_init(weight: jax.Array, C: int, *, implementation: str = "auto",
 
   Args:
     weight: ``(out, in)`` float weight (``in % 4 == 0``), ``(out, in)`` layout
-      (transpose a Flax ``(in, out)`` kernel first).
+      (transpose a Flax ``(in, out)`` kernel first). NaN / inf raise
+      ``ValueError`` when concrete; traced, they count as zeros.
     C: counter half-width in ``1..11``.
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"``, ``"reference"``.
     config: kernel tiling (:class:`ElementwiseConfig`) or None.
@@ -406,6 +453,10 @@ def ternary_init(weight: jax.Array, C: int, *, implementation: str = "auto",
     raise ValueError(f"weight must have at least one row, got {_common.describe(weight)}")
   C = check_C(C)
   config = check_config(config, ElementwiseConfig)
+  _common.check_finite_values(weight, "weight")
+  if _common.is_traced(weight):
+    # A NaN would become a NaN row scale that every later update keeps.
+    weight = jnp.where(jnp.isfinite(weight), weight, jnp.zeros_like(weight))
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":
     return _init_reference(weight, C)
@@ -423,7 +474,8 @@ def ternary_decode(packed: jax.Array, scale: jax.Array, *, C: int, dtype: Any = 
   """Dense ``(out, in)`` weights ``scale[row] * t`` of packed codes.
 
   Codes above the valid range (``>= 3 * (2C - 1)``, only from hand-made
-  bytes) saturate to ``t = +1``.
+  bytes) raise ``ValueError`` when ``packed`` is concrete; traced, they
+  saturate to ``t = +1`` (see :func:`check_packed_codes`).
 
   Args:
     packed: ``(out, 3 * in // 4)`` uint8.
@@ -445,10 +497,9 @@ def ternary_decode(packed: jax.Array, scale: jax.Array, *, C: int, dtype: Any = 
   packed = _check_packed(packed)
   scale = _check_row_vector(scale, "scale", packed.shape[0], packed, _common.FLOAT_DTYPES)
   C = check_C(C)
-  dtype = jnp.dtype(dtype)
-  if dtype not in _common.FLOAT_DTYPES:
-    raise TypeError(f"dtype must be one of {_common.FLOAT_DTYPES}, got {dtype}")
+  dtype = _common.check_out_dtype(dtype, "dtype")
   config = check_config(config, ElementwiseConfig)
+  check_packed_codes(packed, C)
   scale = scale.astype(jnp.float32)
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":
@@ -539,6 +590,13 @@ def counter_update(
   squares overflows) keeps its codes, scale and ``v``; such rows are counted
   in ``skipped_rows``. Nothing non-finite reaches the state.
 
+  Invalid state: codes outside ``C``'s range, a non-finite or non-positive
+  ``scale`` or a negative or non-finite ``v`` raise ``ValueError`` when
+  concrete. Traced (inside ``jit``), rows with an invalid ``scale`` or ``v``
+  are skipped and counted in ``skipped_rows``, and out-of-range codes are
+  clipped into range; :func:`jaxnoise.checks.checkify` turns both into
+  run-time errors.
+
   Args:
     packed: ``(out, 3 * in // 4)`` uint8 codes (donated when ``donate``).
     scale: ``(out,)`` float32 row scale (donated when ``donate``).
@@ -580,6 +638,8 @@ def counter_update(
         f"{_common.describe(packed)}; got grad_w {_common.describe(grad_w)}")
   static = _UpdateStatic(check_C(C), bool(lagged), _common.resolve_implementation(implementation),
                          check_config(config, CounterUpdateConfig))
+  check_packed_codes(packed, static.C)
+  check_state_values(scale, v)
   hyper = _hyper(lr, lr_scale, rms_beta, rms_eps)
   fn = _update_donating if donate else _update_copying
   return _run(static.implementation, fn, static, packed, scale, v, grad_w, hyper,
@@ -668,6 +728,8 @@ def counter_update_from_io(
     raise ValueError(f"x must hold at least one row, got {_common.describe(x)}")
   static = _UpdateStatic(check_C(C), bool(lagged), _common.resolve_implementation(implementation),
                          check_config(config, FromIOConfig))
+  check_packed_codes(packed, static.C)
+  check_state_values(scale, v)
   hyper = _hyper(lr, lr_scale, rms_beta, rms_eps)
   fn = _from_io_donating if donate else _from_io_copying
   return _run(static.implementation, fn, static, packed, scale, v,
@@ -785,11 +847,10 @@ def ternary_matmul(
         f"x's last dimension must be in_features={in_features} of packed "
         f"{_common.describe(packed)}; got x {_common.describe(x)}")
   scale = _check_row_vector(scale, "scale", out_features, packed, _common.FLOAT_DTYPES)
-  out_dtype = x.dtype if out_dtype is None else jnp.dtype(out_dtype)
-  if out_dtype not in _common.FLOAT_DTYPES:
-    raise TypeError(f"out_dtype must be one of {_common.FLOAT_DTYPES}, got {out_dtype}")
+  out_dtype = _common.check_out_dtype(x.dtype if out_dtype is None else out_dtype)
   static = _MatmulStatic(check_C(C), out_dtype, _common.resolve_implementation(implementation),
                          check_config(config, MatmulConfig))
+  check_packed_codes(packed, static.C)
   batch_shape = x.shape[:-1]
   m_rows = math.prod(batch_shape)
   if m_rows == 0:

@@ -127,16 +127,27 @@ class CounterUpdateConfig:
       two passes.
     num_warps: Triton warps per program.
     num_stages: software-pipelining depth of the chunk loops.
+    bitwise: codes -> float by an exact bit trick and ternary values by
+      selects, instead of int -> float conversions (a quarter of the integer
+      rate on NVIDIA GPUs); identical results.
+    dense_grad: load the gradient tile as one contiguous ``(rows, groups, 4)``
+      block (vectorisable) and split its lanes in registers, instead of four
+      stride-4 loads.
   """
 
   block_rows: int = 1
   block_groups: int = 1024
   num_warps: int = 4
   num_stages: int = 1
+  bitwise: bool = False
+  dense_grad: bool = False
 
   def __post_init__(self):
     _check_pow2(self, ("block_rows", "block_groups"))
     _check_warps_stages(self)
+    for name in ("bitwise", "dense_grad"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"CounterUpdateConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
   @classmethod
   def get_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.float32
@@ -162,6 +173,24 @@ class CounterUpdateConfig:
     return cls(block_rows=block_rows, block_groups=block_groups,
                num_warps=_warps_for(block_rows * block_groups, 8),
                num_stages=2 if n_chunks > 1 else 1)
+
+  @classmethod
+  def candidates(cls, shape: Sequence[int], dtype: Any = jnp.float32
+                 ) -> list["CounterUpdateConfig"]:
+    """The heuristic, its bitwise / dense-gradient forms and multi-row tiles (autotuning)."""
+    base = cls.get_heuristics_config(shape, dtype)
+    fast = dataclasses.replace(base, bitwise=True, dense_grad=True)
+    out = [base, dataclasses.replace(base, bitwise=True), fast,
+           dataclasses.replace(fast, num_warps=min(16, base.num_warps * 2))]
+    for rows in (2, 4):
+      if rows * base.block_groups <= 8192 and rows <= next_power_of_2(int(shape[0])):
+        out.append(dataclasses.replace(fast, block_rows=rows,
+                                       num_warps=_warps_for(rows * base.block_groups, 8)))
+    unique = []
+    for config in out:
+      if config not in unique:
+        unique.append(config)
+    return unique
 
 
 @dataclasses.dataclass(frozen=True)

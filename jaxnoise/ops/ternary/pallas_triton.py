@@ -303,28 +303,48 @@ def _read_hyper(hyper_ref):
 
 
 def _update_tile(packed_out_ref, seed, r0, g0, block_rows, block_groups, mask, rows, groups,
-                 codes, grads, ratio_m1, step, active, *, C, in_features, high_word):
+                 codes, grads, ratio_m1, step, active, *, C, in_features, high_word,
+                 bitwise=False):
   """Stochastically rounded step of a tile's four lanes, packed and stored."""
   rows_u = rows.astype(jnp.uint32)[:, None]
   new_codes = []
   for k, (code, grad) in enumerate(zip(codes, grads)):
     cols = (groups * 4 + k).astype(jnp.uint32)[None, :]
     u = ref_lib.rounding_draw(seed, rows_u, cols, in_features, high_word)
-    new_codes.append(ref_lib.tick(code, grad, u, ratio_m1, step, active, C))
+    new_codes.append(ref_lib.tick(code, grad, u, ratio_m1, step, active, C, bitwise=bitwise))
   _store_codes(packed_out_ref, r0, block_rows, g0, block_groups, new_codes, mask)
 
 
-def _tile_stats(codes, grads, C):
+def _tile_stats(codes, grads, C, bitwise=False):
   """Row sums ``sum(g**2)`` and ``sum(g * t)`` of a tile (masked entries are 0)."""
   sum_sq = sum(jnp.sum(g * g, axis=1) for g in grads)
-  sum_gt = sum(jnp.sum(g * ref_lib.ternary_of(c, C).astype(_F32), axis=1)
-               for c, g in zip(codes, grads))
+  if bitwise:
+    ternary = [ref_lib.ternary_float(c, C) for c in codes]
+  else:
+    ternary = [ref_lib.ternary_of(c, C).astype(_F32) for c in codes]
+  sum_gt = sum(jnp.sum(g * t, axis=1) for t, g in zip(ternary, grads))
   return sum_sq, sum_gt
+
+
+def _load_dense_lanes(ref, row_start, block_rows, group_start, block_groups, mask):
+  """The four lanes of a ``(rows, G, 4)`` ref from one contiguous ``(rows, groups, 4)`` load.
+
+  The lanes are split in registers (``(.., 2, 2)`` reshape and two unstacks,
+  Triton's ``split``): lane ``2a + b`` is ``[..., a, b]``.
+  """
+  tile = plgpu.load(ref.at[pl.ds(row_start, block_rows), pl.ds(group_start, block_groups),
+                           pl.ds(0, 4)], mask=mask[:, :, None], other=0)
+  tile = tile.reshape(block_rows, block_groups, 2, 2)
+  low, high = jnp.unstack(tile, axis=-1)
+  lane0, lane2 = jnp.unstack(low, axis=-1)
+  lane1, lane3 = jnp.unstack(high, axis=-1)
+  return [lane0, lane1, lane2, lane3]
 
 
 def _counter_update_kernel(hyper_ref, seed_ref, grad_ref, packed_ref, scale_ref, v_ref,
                            packed_out_ref, scale_out_ref, v_out_ref, skipped_ref, *, C, lagged,
-                           n_rows, n_groups, block_rows, block_groups, high_word):
+                           n_rows, n_groups, block_rows, block_groups, high_word, bitwise,
+                           dense_grad):
   r0 = pl.program_id(0) * block_rows
   rows = r0 + _iota(block_rows)
   row_mask = rows < n_rows
@@ -339,9 +359,11 @@ def _counter_update_kernel(hyper_ref, seed_ref, grad_ref, packed_ref, scale_ref,
     g0 = j * block_groups
     mask, groups = _tile_mask(row_mask, g0, block_groups, n_groups)
     codes = _load_codes(packed_ref, r0, block_rows, g0, block_groups, mask)
-    grads = [g.astype(_F32) for g in
-             _load_lanes(grad_ref, r0, block_rows, g0, block_groups, 4, mask, 0)]
-    return g0, mask, groups, codes, grads
+    if dense_grad:
+      lanes = _load_dense_lanes(grad_ref, r0, block_rows, g0, block_groups, mask)
+    else:
+      lanes = _load_lanes(grad_ref, r0, block_rows, g0, block_groups, 4, mask, 0)
+    return g0, mask, groups, codes, [g.astype(_F32) for g in lanes]
 
   def finish_rows(sum_sq, sum_gt):
     scale_new, v_new, ratio_m1, step, active = ref_lib.row_update(
@@ -353,19 +375,19 @@ def _counter_update_kernel(hyper_ref, seed_ref, grad_ref, packed_ref, scale_ref,
 
   update = functools.partial(_update_tile, packed_out_ref, seed, r0, block_rows=block_rows,
                              block_groups=block_groups, rows=rows, C=C,
-                             in_features=in_features, high_word=high_word)
+                             in_features=in_features, high_word=high_word, bitwise=bitwise)
 
   if n_chunks == 1:
     # The whole row is in registers: one read of the gradient and the codes.
     g0, mask, groups, codes, grads = load(0)
-    ratio_m1, step, active = finish_rows(*_tile_stats(codes, grads, C))
+    ratio_m1, step, active = finish_rows(*_tile_stats(codes, grads, C, bitwise))
     update(g0=g0, mask=mask, groups=groups, codes=codes, grads=grads, ratio_m1=ratio_m1,
            step=step, active=active)
     return
 
   def accumulate(j, sums):
     _, _, _, codes, grads = load(j)
-    tile_sq, tile_gt = _tile_stats(codes, grads, C)
+    tile_sq, tile_gt = _tile_stats(codes, grads, C, bitwise)
     return sums[0] + tile_sq, sums[1] + tile_gt
 
   zeros = jnp.zeros((block_rows,), _F32)
@@ -407,7 +429,8 @@ def counter_update(packed, scale, v, grad_w, hyper, seed, *, C: int, lagged: boo
       _counter_update_kernel, C=C, lagged=lagged, n_rows=out_features,
       n_groups=in_features // 4, block_rows=config.block_rows,
       block_groups=config.block_groups,
-      high_word=ref_lib.needs_high_word(out_features, in_features))
+      high_word=ref_lib.needs_high_word(out_features, in_features), bitwise=config.bitwise,
+      dense_grad=config.dense_grad)
   out_shape = (
       jax.ShapeDtypeStruct((out_features, in_features // 4, 3), jnp.uint8),
       jax.ShapeDtypeStruct((out_features,), _F32),

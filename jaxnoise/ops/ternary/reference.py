@@ -51,6 +51,8 @@ A row whose statistics ``mean(g**2)`` or ``sum(g * t)`` are not finite (any
 NaN or inf in ``g``, or an overflowing sum of squares) is *skipped*: its
 codes, scale and ``v`` are returned unchanged, and it is counted in the
 ``skipped_rows`` output. A NaN gradient therefore never reaches the state.
+Rows whose own state is invalid (``scale <= 0``, ``v < 0``, NaN or inf) are
+skipped and counted the same way.
 
 Inputs are assumed validated by :mod:`jaxnoise.ops.ternary.api`.
 """
@@ -110,6 +112,18 @@ def ternary_of(codes, C: int):
   return (codes >= lv).astype(jnp.int32) + (codes >= 2 * lv).astype(jnp.int32) - 1
 
 
+def ternary_float(codes, C: int):
+  """float32 ternary value of int32 codes, with selects instead of a conversion (same values)."""
+  lv = levels(C)
+  return jnp.where(codes >= 2 * lv, _F32(1.0), jnp.where(codes >= lv, _F32(0.0), _F32(-1.0)))
+
+
+def float_of_code(codes):
+  """float32 of int32 codes in ``[0, 2**22)``: ``bitcast(2**23 + c) - 2**23``, exact, no conversion."""
+  biased = jax.lax.bitcast_convert_type(codes | 0x4B000000, jnp.float32)
+  return biased - _F32(8388608.0)
+
+
 def code_of_latent(latent, C: int):
   """Nearest code to a latent position (float32): ``round((p + 1.5) * lv - 0.5)``."""
   lv = levels(C)
@@ -139,7 +153,8 @@ def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lag
   Returns:
     ``(scale_out, v_out, ratio_m1, step, active)``: the new scale and state
     (unchanged on skipped rows), ``s / s' - 1``, ``lr * lv / d`` and a bool
-    that is False on rows skipped for a non-finite gradient.
+    that is False on rows skipped for a non-finite gradient or an invalid
+    ``scale`` / ``v``.
   """
   lr, lr_scale, beta, eps = hyper[0], hyper[1], hyper[2], hyper[3]
   lv = levels(C)
@@ -148,7 +163,10 @@ def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lag
   denom = jnp.maximum(jnp.sqrt(v if lagged else v_new), eps)
   grad_scale = sum_gt * _F32(1.0 / math.sqrt(in_features))
   scale_new = jnp.clip(scale - lr_scale * grad_scale, _F32(SCALE_MIN), _F32(SCALE_MAX))
-  active = is_finite(sum_sq) & is_finite(sum_gt)
+  # A row with an invalid state (scale <= 0, v < 0, NaN or inf: only from
+  # hand-made or traced state; the API rejects concrete ones) is skipped too.
+  active = (is_finite(sum_sq) & is_finite(sum_gt) & (scale > 0) & is_finite(scale)
+            & (v >= 0) & is_finite(v))
   ratio_m1 = scale / scale_new - _F32(1.0)
   step = (lr * _F32(lv)) / denom
   scale_out = jnp.where(active, scale_new, scale)
@@ -156,14 +174,19 @@ def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lag
   return scale_out, v_out, ratio_m1, step, active
 
 
-def tick(codes, grad, u, ratio_m1, step, active, C: int):
+def tick(codes, grad, u, ratio_m1, step, active, C: int, bitwise: bool = False):
   """New int32 codes: ``clip(c + floor(delta + u), 0, 3lv - 1)`` on active rows.
 
   ``codes``, ``grad`` and ``u`` are element arrays; ``ratio_m1``, ``step``
-  and ``active`` broadcast against them (per row).
+  and ``active`` broadcast against them (per row). ``bitwise`` replaces the
+  int -> float conversion of the codes by :func:`float_of_code`
+  (identical results, full-rate operations). The float -> int step stays a
+  conversion: its bit-trick form ``(y + 1.5 * 2**23) - 1.5 * 2**23`` is folded
+  to ``y`` by XLA's algebraic simplifier, which would break the interpreter.
   """
   lv = levels(C)
-  center = codes.astype(_F32) + _F32(0.5 - 1.5 * lv)
+  code_value = float_of_code(codes) if bitwise else codes.astype(_F32)
+  center = code_value + _F32(0.5 - 1.5 * lv)
   delta = ratio_m1 * center - step * grad.astype(_F32)
   # The clip only keeps the float->int conversion defined; the result is
   # clipped to [0, 3lv - 1] anyway.

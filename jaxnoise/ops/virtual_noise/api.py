@@ -49,7 +49,8 @@ def compute_offsets(param_shapes: Sequence[Sequence[int] | int], *,
 
   Args:
     param_shapes: shapes of the parameter blocks, in order (an int is a
-      1-D shape).
+      1-D shape). Dims are non-negative ints (floats raise ``TypeError``);
+      the last block must end at or below 2**64 (``ValueError``).
     rank: None (full rank), or the rank of every 2-D block.
 
   Returns:
@@ -64,11 +65,10 @@ def compute_offsets(param_shapes: Sequence[Sequence[int] | int], *,
   rank = noise_lib.check_rank(rank)
   offsets, total = [], 0
   for position, shape in enumerate(param_shapes):
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if any(int(d) < 0 for d in shape):
-      raise ValueError(f"param_shapes[{position}] has a negative dimension: {shape}")
+    shape = noise_lib.check_dims(shape, f"param_shapes[{position}]")
     offsets.append(total)
     total += noise_lib.noise_block_size(shape, rank if len(shape) == 2 else None)
+    noise_lib.check_block_end(0, total, f"param_shapes[:{position + 1}]")
   return offsets
 
 
@@ -192,10 +192,19 @@ def virtual_perturbed_linear(
       antithetic=bool(antithetic),
       implementation=_common.resolve_implementation(implementation),
       config=config,
-      out_dtype=jnp.dtype(out_dtype),
+      out_dtype=_common.check_out_dtype(out_dtype),
       shared_x=x.ndim == 2,
       rank=noise_lib.check_rank(rank),
   )
+  noise_lib.check_block_end(static.offset, out_features * in_features
+                            + (out_features if bias is not None else 0), "weight and bias")
+  batch = x.shape[-2]
+  if batch == 0 or out_features == 0:
+    # An empty result (the reference's); the kernels' grids need at least one tile.
+    return jnp.zeros((pop, batch, out_features), static.out_dtype)
+  if in_features == 0 and static.implementation != "reference":
+    # No weight noise: the bias term alone, which the reference computes exactly.
+    static = dataclasses.replace(static, implementation="reference")
   return _perturbed_linear(static, x, weight, bias, seeds, sigma)
 
 
@@ -310,6 +319,9 @@ def _check_fitness(fitness, seeds):
         f"fitness and seeds must have the same length: fitness {_common.describe(fitness)}, "
         f"seeds {_common.describe(seeds)}"
     )
+  # One NaN would make every gradient entry NaN: concrete fitness raises; traced
+  # fitness is checked under jaxnoise.checks.checkify (the ES transform repairs it).
+  _common.check_finite_values(fitness, "fitness")
   return fitness
 
 
@@ -367,7 +379,7 @@ def virtual_weight_gradient(
   """
   seeds = _check_population(seeds, antithetic)
   fitness = _check_fitness(fitness, seeds)
-  weight_shape = _common.check_shape(weight_shape, "weight_shape", 2)
+  weight_shape = _common.check_shape(weight_shape, "weight_shape", 2, allow_zero=True)
   rank = noise_lib.check_rank(rank)
   return _gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, kind, antithetic,
                    implementation, config, rank)
@@ -414,7 +426,7 @@ def virtual_bias_gradient(
   """
   seeds = _check_population(seeds, antithetic)
   fitness = _check_fitness(fitness, seeds)
-  bias_shape = _common.check_shape(bias_shape, "bias_shape", 1)
+  bias_shape = _common.check_shape(bias_shape, "bias_shape", 1, allow_zero=True)
   return _gradient(fitness, seeds, bias_shape, sigma, pop_size, offset, kind, antithetic,
                    implementation, config)
 
@@ -427,6 +439,9 @@ def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, 
   offset = noise_lib.check_offset(offset)
   kind = noise_lib.get_kind(kind)
   implementation = _common.resolve_implementation(implementation)
+  noise_lib.check_block_end(offset, math.prod(shape), "the gradient's shape")
+  if math.prod(shape) == 0:
+    return jnp.zeros(shape, jnp.float32)
   if implementation == "reference":
     return reference.noise_gradient_reference(fitness, seeds, shape, sigma, pop_size, offset,
                                               kind=kind, antithetic=antithetic, rank=rank)
@@ -483,10 +498,14 @@ def virtual_reduce_metric(
   """
   center = _common.check_float_array(center, "center", (1,))
   seeds = _check_population(seeds, antithetic)
+  if center.shape[0] == 0:
+    raise ValueError(f"center must not be empty (the metric is a mean over it), got "
+                     f"{_common.describe(center)}")
   if n_params is not None and n_params != center.shape[0]:
     raise ValueError(f"n_params={n_params} must equal center's length, got {_common.describe(center)}")
   sigma = _common.check_sigma(sigma)
   offset = noise_lib.check_offset(offset)
+  noise_lib.check_block_end(offset, center.shape[0], "center")
   kind = noise_lib.get_kind(kind)
   implementation = _common.resolve_implementation(implementation)
   if implementation == "reference":

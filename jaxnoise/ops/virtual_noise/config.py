@@ -207,12 +207,24 @@ class ReduceMetricConfig:
   reading each ``center`` tile once for all of them; ``param_splits``
   programs share the parameters of one group (partial sums).
 
+  With ``layout="individuals"`` (kinds with one value per word) a program's
+  tile is instead ``(individuals_per_program, block_params)``: each row is
+  one individual whose stream keys stay in registers, each column one
+  parameter; ``center`` is read once per tile for every row, the loop over
+  parameter tiles adds one hashed value per element, and a single row
+  reduction at the end gives every individual's sum (no per-individual
+  block reductions). The parameter range is cut where the 64-bit index
+  crosses a multiple of 2**32, so every launch has one constant high word.
+
   Attributes:
-    block_rows: tile rows of 32 parameters (power of two).
+    block_rows: tile rows of 32 parameters (power of two; ``layout="rows"``).
     individuals_per_program: individuals (or pairs) per program (power of two).
     param_splits: parameter shares per group; None picks a heuristic.
     num_warps: warps per program.
     num_stages: software-pipelining depth of the loop over parameter tiles.
+    layout: ``"rows"`` (tiles of ``block_rows x 32`` parameters, one
+      accumulator per individual) or ``"individuals"`` (see above).
+    block_params: parameters per tile of the ``"individuals"`` layout.
   """
 
   block_rows: int = 64
@@ -220,9 +232,13 @@ class ReduceMetricConfig:
   param_splits: int | None = None
   num_warps: int = 8
   num_stages: int = 2
+  layout: str = "rows"
+  block_params: int = 256
 
   def validate(self) -> "ReduceMetricConfig":
-    _check_pow2(self, "block_rows", "individuals_per_program")
+    _check_pow2(self, "block_rows", "individuals_per_program", "block_params")
+    if self.layout not in ("rows", "individuals"):
+      raise ValueError(f'layout must be "rows" or "individuals", got {self.layout!r}')
     if self.param_splits is not None and self.param_splits < 1:
       raise ValueError(f"param_splits must be >= 1 or None, got {self.param_splits}")
     _check_warps_stages(self)
@@ -260,6 +276,10 @@ class LowRankLinearConfig:
     num_stages: software-pipelining depth of the loops.
     materialize: skip the kernel: build the factors ``(pop, out, r)`` and
       ``(pop, in, r)`` with XLA and contract them with XLA einsums.
+    fuse_base: with per-individual x, the kernel reads XLA's GEMM output and
+      writes the sum (False: it writes the noise term and XLA adds it, which
+      measured slower on an H200).
+      Shared x always adds its small ``(batch, out)`` GEMM in the kernel.
   """
 
   block_batch: int = 1
@@ -268,6 +288,7 @@ class LowRankLinearConfig:
   num_warps: int = 4
   num_stages: int = 2
   materialize: bool = False
+  fuse_base: bool = True
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")
@@ -283,14 +304,24 @@ MAX_KERNEL_RANK = 16
 
 def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int,
                                rank: int) -> LowRankLinearConfig:
-  """About 4096 elements per register tile: the whole batch up to 16 rows."""
+  """Register tiles of 2048 elements at rank 1 and 1024 above, the batch up to 16 rows.
+
+  From the H200 sweeps at 1024 members x (8192, 8192), one row each
+  (benchmarks/RESULTS.md, 2026-11-30, runs 1 and 2): at rank 1, 2048-wide
+  steps were fastest in bf16 and f32 (0.225-0.236 ms in bf16); at rank 4,
+  1024-wide steps with 4 warps and 2 stages (0.258 ms in bf16) beat 2048 and
+  4096 with 4 warps (0.38-0.48 ms). Reading the GEMM's output in the kernel
+  (``fuse_base``) was faster than XLA's separate add in 13 of 16 paired
+  configs. Run-to-run spread was about 10%.
+  """
   block_batch = min(16, next_pow2(batch))
-  width = max(32, 4096 // block_batch)
+  width = max(32, (2048 if rank == 1 else 1024) // block_batch)
   block_reduce = min(width, max(32, next_pow2(n_reduce)))
   block_emit = min(width, max(32, next_pow2(n_emit)))
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
                              block_emit=block_emit, num_warps=4,
-                             materialize=rank > MAX_KERNEL_RANK)
+                             num_stages=1 if rank == 1 else 2,
+                             materialize=rank > MAX_KERNEL_RANK, fuse_base=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,12 +431,37 @@ def noise_gradient_candidates(n_elements: int, n_individuals: int) -> list[Noise
   ])
 
 
-def reduce_metric_candidates(n_params: int, n_individuals: int) -> list[ReduceMetricConfig]:
+def reduce_metric_individuals_heuristics(n_params: int,
+                                         n_individuals: int) -> ReduceMetricConfig:
+  """The ``"individuals"`` layout: 32 individuals x 256 parameters per tile, 8 warps.
+
+  32 values per thread; the parameter range is split so that there are
+  about :data:`TARGET_PROGRAMS` programs.
+  """
+  group = 32 if n_individuals >= 32 else next_pow2(n_individuals)
+  block_params = 256 if n_params >= 256 else max(32, next_pow2(n_params))
+  groups = -(-n_individuals // group)
+  tiles = -(-n_params // block_params)
+  splits = max(1, min(tiles, TARGET_PROGRAMS // max(1, groups)))
+  return ReduceMetricConfig(individuals_per_program=group, param_splits=splits, num_warps=8,
+                            num_stages=2, layout="individuals", block_params=block_params)
+
+
+def reduce_metric_candidates(n_params: int, n_individuals: int,
+                             kind: noise_lib.NoiseKind | None = None) -> list[ReduceMetricConfig]:
+  """The heuristic, its neighbours and (one value per word only) the ``"individuals"`` layout."""
   base = reduce_metric_heuristics(n_params, n_individuals)
+  wide = reduce_metric_individuals_heuristics(n_params, n_individuals)
+  if kind is not None and kind.values_per_word != 1:
+    wide = base
   return _valid_unique([
       base,
       dataclasses.replace(base, block_rows=base.block_rows // 2, num_warps=4),
       dataclasses.replace(base, individuals_per_program=8),
       dataclasses.replace(base, individuals_per_program=2),
       dataclasses.replace(base, block_rows=base.block_rows * 2),
+      wide,
+      dataclasses.replace(wide, block_params=wide.block_params * 2),
+      dataclasses.replace(wide, individuals_per_program=max(1, wide.individuals_per_program // 2),
+                          num_warps=4),
   ])

@@ -636,6 +636,93 @@ def _reduce_metric_kernel(center_ref, seeds_ref, sigma_ref, *out_refs, layout: N
                   mask=first + members < n_individuals)
 
 
+def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_refs,
+                                      kind: noise_lib.NoiseKind, word_hi: int, word_lo: int,
+                                      antithetic: bool, n_individuals: int, n_params: int,
+                                      tiles_per_split: int,
+                                      config: config_lib.ReduceMetricConfig):
+  """``(individuals, parameters)`` tiles of one segment with a constant high word.
+
+  Element ``(i, k)`` hashes word ``word_lo + k`` of individual ``i``'s stream.
+  ``(word_lo + p0 + j) * m + c == j * m + ((word_lo + p0) * m + c)`` (mod
+  2**32): the ``(rows, block_params)`` product ``j * m`` is loop-invariant, so
+  each element costs one add before the finaliser (same bits as
+  :func:`jaxnoise.noise.hash_word`).
+  """
+  group, block_params = config.individuals_per_program, config.block_params
+  first = pl.program_id(0) * group
+  members = first + jax.lax.iota(jnp.int32, group)
+  seeds = _pallas.load(seeds_ref.at[pl.ds(first, group)], mask=members < n_individuals, other=0)
+  multiplier, increment = noise_lib.stream_keys(seeds[:, None], _U32(word_hi))
+  columns = jax.lax.broadcasted_iota(jnp.int32, (1, block_params), 1)
+  column_part = columns.astype(_U32) * multiplier
+  factor = _noise_factor(sigma_ref, kind)
+  signs = (1.0, -1.0) if antithetic else (1.0,)
+  first_param = pl.program_id(1) * tiles_per_split * block_params
+
+  def body(position, accs):
+    p0 = first_param + position * block_params
+    valid = (p0 + columns) < n_params
+    center = _pallas.load(center_ref.at[pl.ds(p0, block_params)], mask=valid[0], other=0.0)
+    tile_part = (_U32(word_lo) + p0.astype(_U32)) * multiplier + increment
+    step = factor * kind.unscaled(noise_lib.mix32(column_part + tile_part))
+    return tuple(acc + jnp.where(valid, jnp.abs(center[None, :] + sign * step), 0.0)
+                 for acc, sign in zip(accs, signs))
+
+  zeros = tuple(jnp.zeros((group, block_params), _F32) for _ in signs)
+  accs = jax.lax.fori_loop(0, tiles_per_split, body, zeros)
+  for acc, out_ref in zip(accs, out_refs):
+    _pallas.store(out_ref.at[pl.program_id(1), pl.ds(first, group)], jnp.sum(acc, axis=1),
+                  mask=members < n_individuals)
+
+
+def _constant_high_word_segments(offset: int, n_params: int):
+  """``[(start, length, word_hi, word_lo)]``: pieces of ``[0, n_params)`` whose
+  indices ``offset + k`` share one high word (at most two below 2**32 params)."""
+  segments, start = [], 0
+  while start < n_params:
+    index = offset + start
+    length = min(n_params - start, (1 << 32) - (index & 0xFFFFFFFF))
+    segments.append((start, length, (index >> 32) & 0xFFFFFFFF, index & 0xFFFFFFFF))
+    start += length
+  return segments
+
+
+def _reduce_metric_individuals(center, seeds, sigma, offset, *, kind, antithetic, config,
+                               interpret):
+  """Per-sign sums ``sum_k |center[k] + sigma noise[i, k]|`` of the ``"individuals"`` layout."""
+  if kind.values_per_word != 1:
+    raise ValueError(f'ReduceMetricConfig(layout="individuals") needs a kind with one value '
+                     f'per word, got kind {kind.name!r}')
+  n_individuals = seeds.shape[0]
+  group, block_params = config.individuals_per_program, config.block_params
+  n_groups = pl.cdiv(n_individuals, group)
+  padded_seeds = jnp.pad(seeds, (0, n_groups * group - n_individuals))
+  sigma = jnp.reshape(sigma, (1,)).astype(_F32)
+  totals = None
+  for start, length, word_hi, word_lo in _constant_high_word_segments(offset, center.shape[0]):
+    n_tiles = pl.cdiv(length, block_params)
+    splits = max(1, min(config.param_splits or 1, n_tiles))
+    tiles_per_split = -(-n_tiles // splits)
+    splits = -(-n_tiles // tiles_per_split)
+    kernel = functools.partial(
+        _reduce_metric_individuals_kernel, kind=kind, word_hi=word_hi, word_lo=word_lo,
+        antithetic=antithetic, n_individuals=n_individuals, n_params=length,
+        tiles_per_split=tiles_per_split, config=config)
+    n_outputs = 2 if antithetic else 1
+    sums = _pallas.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct((splits, n_groups * group), _F32)] * n_outputs,
+        grid=(n_groups, splits),
+        interpret=interpret,
+        compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
+        name="virtual_reduce_metric",
+    )(center[start:start + length].astype(_F32), padded_seeds, sigma)
+    sums = [s.sum(0)[:n_individuals] for s in sums]
+    totals = sums if totals is None else [a + b for a, b in zip(totals, sums)]
+  return totals
+
+
 def reduce_metric(center, seeds, sigma, offset, *, kind, antithetic, config=None,
                   interpret=False):
   """Kernel path of :func:`jaxnoise.virtual_reduce_metric` (inputs validated)."""
@@ -648,6 +735,13 @@ def reduce_metric(center, seeds, sigma, offset, *, kind, antithetic, config=None
   if config is None:
     config = config_lib.reduce_metric_heuristics(n_params, n_individuals)
   config = config.validate()
+  if config.layout == "individuals":
+    per_sign = [s / _F32(n_params) for s in _reduce_metric_individuals(
+        center, seeds, sigma, offset, kind=kind, antithetic=antithetic, config=config,
+        interpret=interpret)]
+    if antithetic:
+      return jnp.stack(per_sign, axis=1).reshape(pop)
+    return per_sign[0]
   block_rows = min(config.block_rows, config_lib.next_pow2(n_rows))
   config = dataclasses.replace(config, block_rows=block_rows)
   n_tiles = pl.cdiv(n_rows, block_rows)
@@ -706,17 +800,27 @@ def _factor_run(layout: NoiseLayout, keys, start: _RowStart, col0, n: int) -> ja
   """Integer-valued ``q`` of elements ``[col0, col0 + n)`` of one factor vector, ``(1, n)``.
 
   ``start`` is the vector's row start (``(1, 1)`` arrays). Kinds with 32
-  values per word address each element's word and lane directly.
+  values per word hash each of the run's words once as a ``(n / 32, 1)``
+  column, spread its bits over ``(n / 32, 32)`` and reshape to ``(1, n)``
+  (``col0`` and ``n`` are multiples of 32); a row that does not start on a
+  word boundary funnel-shifts each word with the next one.
   """
   col0 = col0.astype(_U32) if hasattr(col0, "astype") else _U32(col0)
-  delta = col0 + jax.lax.broadcasted_iota(_U32, (1, n), 1)
   kind = layout.kind
   if kind.values_per_word == 1:
+    delta = col0 + jax.lax.broadcasted_iota(_U32, (1, n), 1)
     return kind.unscaled(_words(layout, keys, start, delta))
-  position = delta if layout.aligned else start.lane + delta
-  shift = _U32(kind.log2_values_per_word)
-  words = _words(layout, keys, start, position >> shift)
-  return kind.unscaled(words, position & _U32(kind.values_per_word - 1))
+  n_words = n // 32
+  word_delta = (col0 >> _U32(5)) + jax.lax.broadcasted_iota(_U32, (n_words, 1), 0)
+  words = _words(layout, keys, start, word_delta)
+  if not layout.aligned:
+    following = _words(layout, keys, start, word_delta + _U32(1))
+    lead = start.lane
+    funnel = (words >> lead) | (following << (_U32(32) - lead))
+    words = jnp.where(lead == _U32(0), words, funnel)
+  lanes = jax.lax.broadcasted_iota(_U32, (1, 32), 1)
+  bits = ((words >> lanes) & _U32(1)).astype(jnp.int32)
+  return (1 - 2 * bits).astype(_F32).reshape(1, n)
 
 
 def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *,
@@ -781,13 +885,17 @@ def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *
     if bias_ref is not None:
       offset_term = _pallas.load(bias_ref.at[pl.ds(col0, block_emit)],
                                  mask=cols < n_emit, other=0)[None, :]
-    if base_ref is not None:
-      base = _pallas.load(base_ref.at[pl.ds(batch0, block_batch), pl.ds(col0, block_emit)],
-                          mask=out_ok, other=0)
-      offset_term = offset_term + base
+    index = (pl.ds(batch0, block_batch), pl.ds(col0, block_emit))
+    bases = [0.0] * pair
+    if base_ref is not None and len(base_ref.shape) == 2:
+      bases = [_pallas.load(base_ref.at[index], mask=out_ok, other=0)] * pair
+    elif base_ref is not None:
+      bases = [_pallas.load(base_ref.at[(first + member,) + index], mask=out_ok, other=0)
+               for member in range(pair)]
     for member in range(pair):
       sign = 1.0 - 2.0 * member
-      value = offset_term + sign * (factor * terms[member % n_inputs] + bias_noise)
+      value = (offset_term + bases[member]
+               + sign * (factor * terms[member % n_inputs] + bias_noise))
       index = (first + member, pl.ds(batch0, block_batch), pl.ds(col0, block_emit))
       _pallas.store(out_ref.at[index], value.astype(out_ref.dtype), mask=out_ok)
     return carry
@@ -797,7 +905,10 @@ def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *
 
 def _low_rank_term(v, seeds, sigma, *, base, bias, reduce_layout, emit_layout, rank, antithetic,
                    n_emit, bias_offset, out_dtype, config, interpret, name):
-  """``(pop, batch, n_emit)``: ``base + bias + sigma s_i [(v_i F_i) G_i^T / sqrt(r) + noise]``."""
+  """``(pop, batch, n_emit)``: ``base + bias + sigma s_i [(v_i F_i) G_i^T / sqrt(r) + noise]``.
+
+  ``base`` is None, ``(batch, n_emit)`` (shared) or ``(pop, batch, n_emit)``.
+  """
   pop = seeds.shape[0]
   shared_v = v.ndim == 2
   batch, n_reduce = v.shape[-2:]
@@ -840,7 +951,8 @@ def low_rank_perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, an
   The unperturbed GEMM ``x W^T`` is XLA's. With shared x the kernel adds its
   ``(batch, out)`` result to every individual; with per-individual x the
   kernel writes the noise term (bias included) and XLA adds it to the GEMM
-  output, which it can fuse into the GEMM's epilogue.
+  output (which it can fuse into the GEMM's epilogue), or, with
+  ``config.fuse_base``, the kernel reads the GEMM's output and writes the sum.
   """
   out_features, in_features = weight.shape
   batch = x.shape[-2]
@@ -860,9 +972,9 @@ def low_rank_perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, an
   common = dict(reduce_layout=b_layout, emit_layout=a_layout, rank=rank, antithetic=antithetic,
                 n_emit=out_features, bias_offset=None if bias is None else bias_offset,
                 config=config, interpret=interpret, name="virtual_low_rank_linear")
-  if x.ndim == 2:
-    return _low_rank_term(x, seeds, sigma, base=base.astype(_F32), bias=bias32,
-                          out_dtype=out_dtype, **common)
+  if x.ndim == 2 or config.fuse_base:
+    return _low_rank_term(x, seeds, sigma, base=base, bias=bias32, out_dtype=out_dtype,
+                          **common)
   term = _low_rank_term(x, seeds, sigma, base=None, bias=bias32, out_dtype=term_dtype, **common)
   return (base + term).astype(out_dtype)
 

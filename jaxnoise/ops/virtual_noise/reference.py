@@ -302,21 +302,36 @@ def noise_gradient_reference(
 
 def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic,
                       chunk_size, rank, precision, operand_dtype=jnp.float32):
-  """``sum_i f_i s_i A_i B_i^T / (pop_size sigma sqrt(r))``: a GEMM over ``chunk * r`` per chunk."""
+  """``sum_i f_i s_i A_i B_i^T / (pop_size sigma sqrt(r))``: a GEMM over ``chunk * r`` per chunk.
+
+  The factors stay in their ``(c, r, out + in)`` index order, so each chunk is
+  one GEMM ``(c r, out)^T (c r, in)`` with no transpose; the scale is folded
+  into the fitness weights, and a single chunk skips the accumulation loop, so
+  the ``(out, in)`` result is written once.
+  """
   weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
   n = pair_seeds.shape[0]
-  chunk = chunk_size_for(n, (shape[0] + shape[1]) * rank, chunk_size)
-
-  def partial(f_c, seed_c):
-    a, b = _low_rank_factors(seed_c, offset, shape, rank, kind)
-    weighted = (a * f_c[:, None, None]).astype(operand_dtype)
-    return jnp.einsum("cor,ckr->ok", weighted, b.astype(operand_dtype), precision=precision,
-                      preferred_element_type=jnp.float32)
-
-  total = _sum_chunks(partial, chunk, n, jnp.zeros(shape, jnp.float32), weights, pair_seeds)
+  out_features, in_features = shape
+  width = out_features + in_features
+  chunk = chunk_size_for(n, width * rank, chunk_size)
   scale = jnp.float32(1.0 / math.sqrt(rank)) / (jnp.float32(pop_size)
                                                    * jnp.asarray(sigma, jnp.float32))
-  return total * scale
+  weights = weights * scale
+  hi, lo = noise_lib.block_index(offset, (rank, width))
+  high = not noise_lib.fits_32_bits(kind, offset, rank * width)
+
+  def partial(f_c, seed_c):
+    factors = noise_lib.noise_at(seed_c[:, None, None], hi[None], lo[None], kind,
+                                 high_word=high)  # (c, r, out + in)
+    a = (factors[..., :out_features] * f_c[:, None, None]).astype(operand_dtype)
+    b = factors[..., out_features:].astype(operand_dtype)
+    return jax.lax.dot_general(
+        a.reshape(-1, out_features), b.reshape(-1, in_features), (((0,), (0,)), ((), ())),
+        precision=precision, preferred_element_type=jnp.float32)
+
+  if chunk >= n:
+    return partial(weights, pair_seeds)
+  return _sum_chunks(partial, chunk, n, jnp.zeros(shape, jnp.float32), weights, pair_seeds)
 
 
 # The seed document's two names for the same estimate.

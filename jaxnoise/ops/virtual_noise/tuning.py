@@ -155,7 +155,7 @@ def tune_reduce_metric(center, seeds, sigma, offset: int = 0, *,
   n_individuals = seeds.shape[0] // 2 if antithetic else seeds.shape[0]
   heuristic = config_lib.reduce_metric_heuristics(center.shape[0], n_individuals)
   if candidates is None:
-    candidates = config_lib.reduce_metric_candidates(center.shape[0], n_individuals)
+    candidates = config_lib.reduce_metric_candidates(center.shape[0], n_individuals, kind_)
   candidates = _resolve_candidates(candidates, heuristic)
   op = functools.partial(api.virtual_reduce_metric, sigma=sigma, offset=offset, kind=kind,
                          antithetic=antithetic)

@@ -1,0 +1,117 @@
+"""Reduce-metric layouts against pure JAX (issue 14), side by side in one run.
+
+For each ``(pop, n_params)`` of SPEC section 5's reduce-metric target and each
+kind: the pure-JAX path under XLA (jitted reference), the heuristic
+``"rows"`` config (the old default), and the ``"individuals"`` layout with a
+few tilings. Every kernel config is compared with the reference first
+(largest relative deviation; above 1e-5 it is excluded, not timed). Medians
+of 10 timed groups after warm-up.
+
+    python benchmarks/bench_reduce_metric.py            # GPU; JSON under $OUT
+    python benchmarks/bench_reduce_metric.py --quick    # CPU, interpret mode
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
+import jaxnoise  # noqa: E402
+from jaxnoise.ops.virtual_noise import config as config_lib  # noqa: E402
+
+SHAPES = ((65536, 4096), (1024, 1 << 20), (3000, 3_000_000))
+QUICK_SHAPES = ((40, 300),)
+
+
+def configs(pop: int, n_params: int, kind: str):
+  rows = config_lib.reduce_metric_heuristics(n_params, pop)
+  out = {"rows (old default)": rows}
+  if kind == "rademacher":
+    return out
+  wide = config_lib.reduce_metric_individuals_heuristics(n_params, pop)
+  out["individuals"] = wide
+  out["individuals bp512"] = dataclasses.replace(wide, block_params=512)
+  out["individuals g16 w4"] = dataclasses.replace(wide, individuals_per_program=16, num_warps=4)
+  out["individuals g64 w16"] = dataclasses.replace(wide, individuals_per_program=64,
+                                                   num_warps=16)
+  out["individuals 2x splits"] = dataclasses.replace(wide, param_splits=2 * wide.param_splits)
+  return out
+
+
+def bench_shape(pop, n_params, kind, *, implementation, offset, repeats):
+  center = jax.random.normal(jax.random.key(0), (n_params,), jnp.float32)
+  seeds = jnp.arange(pop, dtype=jnp.uint32) * jnp.uint32(2654435761)
+  op = functools.partial(jaxnoise.virtual_reduce_metric, sigma=0.1, offset=offset, kind=kind)
+  reference = jax.jit(functools.partial(op, implementation="reference"))
+  expected = np.asarray(reference(center, seeds), np.float64)
+  pure_jax = _harness.median_time(reference, center, seeds, repeats=repeats)
+  values = pop * n_params
+  result = {"pop": pop, "n_params": n_params, "kind": kind, "offset": offset,
+            "pure_jax_s": pure_jax, "pure_jax_values_per_s": values / pure_jax, "configs": {}}
+  for name, config in configs(pop, n_params, kind).items():
+    entry = {"config": repr(config)}
+    try:
+      fn = jax.jit(functools.partial(op, implementation=implementation, config=config))
+      start = time.perf_counter()
+      out = np.asarray(fn(center, seeds), np.float64)
+      entry["first_call_s"] = time.perf_counter() - start
+      deviation = float(np.abs(out - expected).max() / np.abs(expected).max())
+      entry["deviation"] = deviation
+      if not deviation <= 1e-5:
+        entry["excluded"] = True
+      else:
+        seconds = _harness.median_time(fn, center, seeds, repeats=repeats)
+        entry.update(seconds=seconds, values_per_s=values / seconds,
+                     speedup_vs_pure_jax=pure_jax / seconds)
+    except Exception as error:  # pylint: disable=broad-except
+      entry["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+    result["configs"][name] = entry
+    line = (f"  {name:<24} {entry['seconds'] * 1e3:8.3f} ms  {entry['speedup_vs_pure_jax']:5.2f}x "
+            f"pure JAX  dev {entry['deviation']:.1e}" if "seconds" in entry else
+            f"  {name:<24} {entry.get('error') or 'excluded, deviation %.3g' % entry['deviation']}")
+    print(line, flush=True)
+  return result
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--kinds", default="uniform,normal")
+  parser.add_argument("--offset", type=int, default=0)
+  args = parser.parse_args(argv)
+  implementation = "interpret" if args.quick else "pallas"
+  if not args.quick and jax.default_backend() != "gpu":
+    parser.error("needs a GPU; use --quick on a CPU")
+  repeats = 2 if args.quick else 10
+  out_dir = pathlib.Path(os.environ.get("OUT", "benchmarks/out"))
+  results = []
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+  for kind in args.kinds.split(","):
+    for pop, n_params in (QUICK_SHAPES if args.quick else SHAPES):
+      print(f"reduce-metric {kind} pop {pop} x {n_params} (offset {args.offset})", flush=True)
+      results.append(bench_shape(pop, n_params, kind, implementation=implementation,
+                                 offset=args.offset, repeats=repeats))
+      print(f"  {'pure JAX (XLA)':<24} {results[-1]['pure_jax_s'] * 1e3:8.3f} ms", flush=True)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  path = out_dir / "bench_reduce_metric.json"
+  path.write_text(json.dumps({"environment": _harness.device_facts(), "cases": results}, indent=2,
+                             default=str))
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
