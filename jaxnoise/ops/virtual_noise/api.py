@@ -177,7 +177,15 @@ def virtual_perturbed_linear(
       out_dtype=jnp.dtype(out_dtype),
       shared_x=x.ndim == 2,
   )
-  return _perturbed_linear(static, x, weight, bias, seeds, sigma)
+  args = _common.match_varying(x, weight, bias, seeds, sigma)
+  try:
+    return _perturbed_linear(static, *args)
+  except NotImplementedError as error:
+    if "symbolic_zeros" not in str(error):
+      raise
+    # Eager jax.shard_map (no jit around it) cannot bind a custom_vjp with
+    # symbolic zeros; a jit can, and shard_map runs the jit per shard.
+    return _perturbed_linear_jit(static, *args)
 
 
 def _forward(static: _LinearStatic, x, weight, bias, seeds, sigma):
@@ -272,6 +280,7 @@ def _perturbed_linear_bwd(static, residuals, grad_out):
 
 
 _perturbed_linear.defvjp(_perturbed_linear_fwd, _perturbed_linear_bwd, symbolic_zeros=True)
+_perturbed_linear_jit = jax.jit(_perturbed_linear, static_argnums=0)
 
 
 def _check_fitness(fitness, seeds):

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnoise import noise as noise_lib
+from jaxnoise.ops import _common
 
 # Elements of noise one chunk may hold (float32: 64 MiB).
 DEFAULT_CHUNK_ELEMENTS = 1 << 24
@@ -55,6 +56,7 @@ def _sum_chunks(fn: Callable, chunk: int, pop: int, init: jax.Array, *xs):
   def body(acc, args):
     return acc + fn(*args), None
 
+  init = _common.match_varying(init, *xs)[0]  # the carry varies like the inputs (shard_map)
   total, _ = jax.lax.scan(body, init, chunked)
   return total
 
