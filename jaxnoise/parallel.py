@@ -448,3 +448,37 @@ def sharded_update(es, fitness: jax.Array, state: Any, params: Any, *, mesh: Mes
   new_state = jax.lax.with_sharding_constraint(new_state,
                                                state_shardings(new_state, tree, out, mesh))
   return updates, new_state
+
+
+# ----------------------------------------------------------------------------
+# Several processes.
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None, **kwargs: Any) -> None:
+  """``jax.distributed.initialize`` for one process per device, any number of hosts.
+
+  Call it first, before any other JAX call, with the same code in every
+  process; then :func:`population_mesh` spans every process's devices and
+  :func:`sharded_fitness` / :func:`sharded_update` run unchanged. Arguments
+  left None come from ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and
+  ``JAX_PROCESS_ID`` when set, else from JAX's cluster detection (SLURM,
+  Open MPI, ...). On the CPU backend, collectives across processes use gloo.
+
+  Args:
+    coordinator_address: ``host:port`` of process 0.
+    num_processes: the number of processes.
+    process_id: this process's index.
+    **kwargs: passed on (e.g. ``local_device_ids``).
+  """
+  env = os.environ
+  if coordinator_address is None:
+    coordinator_address = env.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and env.get("JAX_NUM_PROCESSES"):
+    num_processes = int(env["JAX_NUM_PROCESSES"])
+  if process_id is None and env.get("JAX_PROCESS_ID"):
+    process_id = int(env["JAX_PROCESS_ID"])
+  if "cpu" in env.get("JAX_PLATFORMS", "cpu").split(","):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address, num_processes, process_id, **kwargs)
