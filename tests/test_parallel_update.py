@@ -45,13 +45,17 @@ OPS_SCRIPT = textwrap.dedent("""
     seeds = jnp.asarray(rng.integers(0, 2**32, size=4, dtype=np.uint32))
     packed, scale = jaxnoise.ternary_init(wt, 3, implementation=impl)
     lin = lambda s, w: jaxnoise.virtual_perturbed_linear(x, w, b, s, 0.1, 7, implementation=impl)
+    # Differentiate at a point that varies with the seed: under check_vma=True the gradient
+    # with respect to a replicated value is, by JAX's rule, summed over the devices.
+    at = lambda value, t: value + 0.0 * (t % 2).astype(jnp.float32)
     per_device = {
       "virtual_perturbed_linear": lambda s: lin(s, w).sum((1, 2)),
       "virtual_perturbed_linear antithetic": lambda s: jaxnoise.virtual_perturbed_linear(
           x, w, None, s, 0.1, antithetic=True, implementation=impl).sum((1, 2)),
       "grad of virtual_perturbed_linear": lambda s: jax.vmap(
           lambda t: jax.grad(lambda w, xx, sg: jaxnoise.virtual_perturbed_linear(
-              xx, w, b, t[None], sg, implementation=impl).sum(), argnums=(0, 1, 2))(w, x, 0.1)
+              xx, w, b, t[None], sg, implementation=impl).sum(), argnums=(0, 1, 2))(
+              at(w, t), at(x, t), at(jnp.float32(0.1), t))
       )(s)[0].sum((1, 2)),
       "virtual_weight_gradient": lambda s: jax.vmap(lambda t: jaxnoise.virtual_weight_gradient(
           jnp.ones(1), t[None], (5, 8), 0.1, implementation=impl).sum())(s),
@@ -62,7 +66,8 @@ OPS_SCRIPT = textwrap.dedent("""
       "batching.perturbed_linear": lambda s: jax.vmap(lambda t: batching.perturbed_linear(
           x, w, b, t, 0.1, implementation=impl))(s).sum((1, 2)),
       "grad of batching.perturbed_linear": lambda s: jax.vmap(lambda t: jax.grad(
-          lambda w: batching.perturbed_linear(x, w, b, t, 0.1, implementation=impl).sum())(w).sum())(s),
+          lambda w: batching.perturbed_linear(x, w, b, t, 0.1, implementation=impl).sum())(
+              at(w, t)).sum())(s),
       "batching.perturbed_linear_pair": lambda s: jax.vmap(lambda t: batching.perturbed_linear_pair(
           x, w, b, t, 0.1, implementation=impl))(s[::2]).sum((2, 3)).reshape(-1),
       "batching.reduce_metric": lambda s: jax.vmap(lambda t: batching.reduce_metric(
@@ -71,7 +76,7 @@ OPS_SCRIPT = textwrap.dedent("""
       "batching.perturb": lambda s: jax.vmap(lambda t: batching.perturb(w, t, 0.1))(s).sum((1, 2)),
       "ternary_matmul and its grad": lambda s: jax.vmap(lambda t: jax.grad(
           lambda xx, sc: jaxnoise.ternary_matmul(xx, packed, sc, C=3, implementation=impl).sum(),
-          argnums=(0, 1))(x[:2] * (t % 5).astype(jnp.float32), scale)[1].sum())(s),
+          argnums=(0, 1))(x[:2] * (t % 5).astype(jnp.float32), at(scale, t))[1].sum())(s),
       "ternary_decode, pack, unpack": lambda s: jax.vmap(lambda t: (jaxnoise.ternary_decode(
           jaxnoise.pack_codes(jaxnoise.unpack_codes(packed, implementation=impl), implementation=impl),
           scale, C=3, implementation=impl).sum() * (t % 3).astype(jnp.float32)))(s),
@@ -85,7 +90,8 @@ OPS_SCRIPT = textwrap.dedent("""
           rms_beta=0.9, rms_eps=1e-8, seed=t, implementation=impl,
           donate=False).packed.astype(jnp.float32).sum())(s),
     }
-    modes = [(False, False), (False, True)] + ([(True, False), (True, True)] if impl == "reference" else [])
+    # The interpreter is slow: one mode there (eager shard_map is covered by the reference).
+    modes = [(False, False), (False, True), (True, False), (True, True)] if impl == "reference" else [(False, True)]
     result = {}
     for name, fn in per_device.items():
       want = np.asarray(fn(seeds))
@@ -96,7 +102,8 @@ OPS_SCRIPT = textwrap.dedent("""
           sharded = jax.jit(sharded)
         try:
           got = np.asarray(sharded(seeds))
-          result[f"{name} check_vma={vma} jit={jit}"] = float(np.abs(got - want).max())
+          result[f"{name} check_vma={vma} jit={jit}"] = float(
+              np.abs(got - want).max() / max(1.0, np.abs(want).max()))
         except Exception as error:
           result[f"{name} check_vma={vma} jit={jit}"] = f"{type(error).__name__}: {error}"[:300]
       got = np.asarray(sharded_fitness(lambda s, w: lin(s, w).sum((1, 2)), seeds, w, mesh=mesh))
@@ -120,7 +127,7 @@ def test_every_public_op_works_inside_shard_map(implementation, rng):
   result = _run(OPS_SCRIPT, 2, implementation, int(rng.integers(0, 2**31)))
   failures = {k: v for k, v in result.items() if isinstance(v, str) or v > 1e-5}
   assert not failures, failures
-  assert len(result) >= 19 * 2
+  assert len(result) == 18 * (4 if implementation == "reference" else 1) + 1  # + sharded_fitness
 
 
 UPDATE_SCRIPT = textwrap.dedent("""
