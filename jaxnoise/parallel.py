@@ -279,6 +279,9 @@ def shard_tree(tree: Any, shardings: Any) -> Any:
   Each process must hold the same full values (e.g. initialised from the same
   seed); every device keeps only its shard.
   """
+  if jax.process_count() == 1:
+    return jax.device_put(tree, shardings)  # device to device, no host copy
+
   def put(value, sharding):
     value = np.asarray(value)
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
