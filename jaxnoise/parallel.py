@@ -30,18 +30,37 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from jaxnoise import noise as noise_lib
+from jaxnoise.nn import population as population_lib
 from jaxnoise.ops import _common
+from jaxnoise.ops import autotune
+from jaxnoise.ops.virtual_noise import api as ops
+from jaxnoise.ops.virtual_noise import config as config_lib
+from jaxnoise.ops.virtual_noise import reference
 
-__all__ = ["population_mesh", "sharded_fitness"]
+__all__ = [
+    "initialize_distributed",
+    "parameter_shardings",
+    "population_mesh",
+    "shard_tree",
+    "sharded_fitness",
+    "sharded_gradient",
+    "sharded_update",
+    "state_shardings",
+]
 
 DEFAULT_AXIS_NAME = "population"
 
@@ -130,3 +149,357 @@ def sharded_fitness(
       in_specs=(PartitionSpec(axis_name),) + (PartitionSpec(),) * len(replicated),
       out_specs=PartitionSpec(), **{check_name: False})
   return sharded(seeds, *replicated)
+
+
+# ----------------------------------------------------------------------------
+# The parameter-sharded gradient estimate and update.
+#
+# Every leaf is split by the rows of its noise view (an ``(out, in)`` linear
+# kernel by its ``out`` rows, any other leaf by its leading axis): with ``n``
+# devices, device ``d`` owns rows ``[d k, min((d + 1) k, rows))``, ``k =
+# ceil(rows / n)`` (the layout XLA gives an unevenly sharded axis). Rows
+# ``[r0, r1)`` of a block at ``offset`` are the contiguous index range from
+# ``offset + r0 * row_size``: a smaller block at another offset, so the
+# gradient ops compute a shard directly. Each shard is given the kernel
+# config (or, for the reference, the chunk of individuals) of the whole
+# block, so each element is summed over the population in the same order as
+# on one device: the shard equals the corresponding rows, bit for bit.
+
+
+@dataclasses.dataclass(frozen=True)
+class _LeafPlan:
+  """How one leaf is split: ``axis`` of the stored leaf holds the noise rows."""
+
+  block: population_lib.NoiseBlock
+  axis: int | None  # None: not split (scalars, unperturbed or empty leaves)
+  rows: int
+  per_shard: int
+
+
+def _leaf_plans(layout: population_lib.ParameterLayout, n_shards: int) -> list[_LeafPlan]:
+  plans = []
+  for block in layout.blocks:
+    shape = block.noise_shape
+    if block.offset is None or not shape or 0 in shape:
+      plans.append(_LeafPlan(block, None, 0, 0))
+      continue
+    rows = shape[0]
+    plans.append(_LeafPlan(block, 1 if block.transposed else 0, rows, -(-rows // n_shards)))
+  return plans
+
+
+def _check_mesh(mesh, axis_name):
+  if not isinstance(mesh, Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+  if axis_name not in mesh.axis_names:
+    raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}")
+  return mesh.shape[axis_name]
+
+
+def _spec(plan: _LeafPlan, ndim: int, axis_name: str, n_shards: int) -> PartitionSpec:
+  """Where the leaf is stored: split by rows, or replicated when the rows do not divide.
+
+  (A ``jax.Array`` needs shards of equal size; the gradient of an uneven leaf
+  is still formed split, then gathered.)
+  """
+  if plan.axis is None or plan.rows % n_shards:
+    return PartitionSpec()
+  return PartitionSpec(*([None] * plan.axis + [axis_name] + [None] * (ndim - plan.axis - 1)))
+
+
+def parameter_shardings(es, params: Any, mesh: Mesh, *,
+                        axis_name: str = DEFAULT_AXIS_NAME) -> Any:
+  """``NamedSharding`` per parameter: split by the rows of its noise view.
+
+  A linear kernel stored ``(in, out)`` is split along ``out`` (axis 1), any
+  other leaf along its leading axis; scalars, unperturbed leaves and leaves
+  whose rows do not divide evenly over the mesh axis are replicated.
+
+  Args:
+    es: the :class:`~jaxnoise.optim.es.EvolutionStrategy` (its layout).
+    params: the parameter tree (or ``nnx`` model) ``es`` updates.
+    mesh: the device mesh.
+    axis_name: the mesh axis to split over.
+
+  Returns:
+    A tree of ``NamedSharding`` like ``es``'s parameter tree.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxnoise
+    >>> es = jaxnoise.optim.evolution_strategy(0.1, optax.sgd(0.1), pop_size=4)
+    >>> params = {"w": jnp.zeros((4, 2)), "s": jnp.zeros(())}
+    >>> shardings = parameter_shardings(es, params, population_mesh())
+    >>> print(tuple(shardings["w"].spec), tuple(shardings["s"].spec))
+    ('population', None) ()
+  """
+  n_shards = _check_mesh(mesh, axis_name)
+  tree = es._params(params)  # pylint: disable=protected-access
+  layout = es._layout(params)  # pylint: disable=protected-access
+  leaves, treedef = population_lib._matched_leaves(layout, tree, "params")  # pylint: disable=protected-access
+  shardings = [NamedSharding(mesh, _spec(plan, np.ndim(leaf), axis_name, n_shards))
+               for plan, leaf in zip(_leaf_plans(layout, n_shards), leaves)]
+  return jax.tree_util.tree_unflatten(treedef, shardings)
+
+
+def state_shardings(state: Any, params: Any, shardings: Any, mesh: Mesh) -> Any:
+  """Shardings for an ES / optax state: every subtree shaped like ``params`` is split like it.
+
+  Optimizer states hold trees with the parameters' structure (Adam's ``mu``
+  and ``nu``); those take ``shardings`` and every other leaf is replicated.
+
+  Args:
+    state: the state (e.g. :class:`~jaxnoise.optim.es.EvolutionStrategyState`).
+    params: the parameter tree (not a model: ``nnx.state(model, wrt)``).
+    shardings: :func:`parameter_shardings` of ``params``.
+    mesh: the device mesh.
+
+  Returns:
+    A tree of ``NamedSharding`` like ``state``.
+  """
+  treedef = jax.tree_util.tree_structure(params)
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def like_params(subtree):
+    try:
+      return jax.tree_util.tree_structure(subtree) == treedef
+    except Exception:  # pylint: disable=broad-except
+      return False
+
+  def assign(subtree):
+    if like_params(subtree):
+      return shardings
+    return jax.tree.map(lambda _: replicated, subtree)
+
+  return jax.tree.map(assign, state, is_leaf=like_params)
+
+
+def shard_tree(tree: Any, shardings: Any) -> Any:
+  """``jax.device_put`` of ``tree`` with ``shardings`` (works across processes).
+
+  Each process must hold the same full values (e.g. initialised from the same
+  seed); every device keeps only its shard.
+  """
+  if jax.process_count() == 1:
+    return jax.device_put(tree, shardings)  # device to device, no host copy
+
+  def put(value, sharding):
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+  return jax.tree.map(put, tree, shardings)
+
+
+def _full_gradient_config(es, block_shape, offset, n_individuals, pop):
+  """The config (kernel) or chunk (reference) the one-device gradient of this block uses."""
+  n_elements = math.prod(block_shape)
+  implementation = _common.resolve_implementation(es.implementation)
+  kind = noise_lib.get_kind(es.kind)
+  if implementation == "reference":
+    return reference.chunk_size_for(n_individuals, n_elements)
+  if es.config is not None:
+    return es.config
+  key = config_lib.noise_gradient_key(implementation, pop, block_shape, kind, es.antithetic,
+                                      offset)
+  config = autotune.lookup(key[0], key)
+  if config is None:
+    config = config_lib.noise_gradient_heuristics(n_elements, n_individuals)
+  return config
+
+
+def _row_block_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int):
+  """Rows ``[row0, row0 + n_rows)`` of the leaf's gradient, in its noise view."""
+  view = plan.block.noise_shape
+  rest = view[1:]
+  row_size = math.prod(rest)
+  # The 2-D (or 1-D) shape the one-device path hands the op, for the whole block and the shard.
+  def op_shape(rows):
+    return (rows * math.prod(rest[:-1]), rest[-1]) if rest else (rows,)
+  n_individuals = pop // 2 if es.antithetic else pop
+  if plan.block.rank is not None:
+    return _low_rank_row_gradient(es, plan, shaped, seeds, row0, n_rows, pop)
+  setting = _full_gradient_config(es, op_shape(plan.rows), plan.block.offset, n_individuals, pop)
+  offset = plan.block.offset + row0 * row_size
+  kind = noise_lib.get_kind(es.kind)
+  if _common.resolve_implementation(es.implementation) == "reference":
+    grad = reference.noise_gradient_reference(
+        shaped, seeds, op_shape(n_rows), jnp.float32(es.sigma), pop, offset, kind=kind,
+        antithetic=es.antithetic, chunk_size=setting)
+  elif rest:
+    grad = ops.virtual_weight_gradient(shaped, seeds, op_shape(n_rows), es.sigma, pop, offset,
+                                       kind=kind, antithetic=es.antithetic,
+                                       implementation=es.implementation, config=setting)
+  else:
+    grad = ops.virtual_bias_gradient(shaped, seeds, op_shape(n_rows), es.sigma, pop, offset,
+                                     kind=kind, antithetic=es.antithetic,
+                                     implementation=es.implementation, config=setting)
+  return grad.reshape((n_rows,) + rest)
+
+
+def _low_rank_row_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int):
+  """Rows of a low-rank block's gradient: ``sum_i f_i A_i[rows] B_i^T``, ``A``'s rows sliced.
+
+  The one-device path runs the same GEMM over all rows; XLA may tile the two
+  GEMMs differently, so shards agree with it to float rounding (not bit for bit).
+  """
+  config = es.config if isinstance(es.config, config_lib.LowRankGradientConfig) else (
+      config_lib.LowRankGradientConfig())
+  exact = _common.resolve_implementation(es.implementation) == "reference" or not config.tf32
+  return reference.low_rank_gradient(
+      shaped, seeds, plan.block.noise_shape, jnp.float32(es.sigma), pop, plan.block.offset,
+      kind=noise_lib.get_kind(es.kind), antithetic=es.antithetic, chunk_size=config.chunk,
+      rank=plan.block.rank, precision=jax.lax.Precision.HIGHEST if exact else None,
+      operand_dtype=jnp.dtype(config.operand_dtype), rows=(row0, n_rows))
+
+
+def sharded_gradient(es, shaped_fitness: jax.Array, seeds: jax.Array, params: Any, *,
+                     mesh: Mesh, axis_name: str = DEFAULT_AXIS_NAME) -> Any:
+  """:meth:`EvolutionStrategy.gradient` with each device forming only its rows.
+
+  Inputs are replicated (``(pop,)`` fitness and seeds: no parameters are
+  read). Each device regenerates every individual's noise for its rows of
+  every leaf (see :func:`parameter_shardings`); nothing is communicated and
+  no element is computed twice. The result is split like
+  :func:`parameter_shardings` and equals the one-device gradient bit for bit.
+
+  Args:
+    es: the :class:`~jaxnoise.optim.es.EvolutionStrategy`.
+    shaped_fitness: ``(pop,)`` shaped fitness (:meth:`EvolutionStrategy.shape`).
+    seeds: ``(pop,)`` seeds of the generation.
+    params: the parameter tree or ``nnx`` model (only its layout is used).
+    mesh: the device mesh.
+    axis_name: the mesh axis to split the rows over.
+
+  Returns:
+    The ascent direction, a tree like ``es``'s parameter tree.
+  """
+  n_shards = _check_mesh(mesh, axis_name)
+  tree = es._params(params)  # pylint: disable=protected-access
+  layout = es._layout(params)  # pylint: disable=protected-access
+  leaves, treedef = population_lib._matched_leaves(layout, tree, "params")  # pylint: disable=protected-access
+  plans = _leaf_plans(layout, n_shards)
+  seeds = noise_lib.as_seeds(seeds)
+  pop = seeds.shape[0]
+  split = [p for p in plans if p.axis is not None]
+
+  def device_blocks(device, fitness, seeds):
+    blocks = []
+    for plan in split:
+      view = plan.block.noise_shape
+      row0 = device * plan.per_shard
+      n_rows = max(0, min(plan.per_shard, plan.rows - row0))
+      grad = (_row_block_gradient(es, plan, fitness, seeds, row0, n_rows, pop) if n_rows
+              else jnp.zeros((0,) + view[1:], jnp.float32))
+      pad = plan.per_shard - n_rows  # the last shards of an uneven split are short
+      blocks.append(jnp.pad(grad, [(0, pad)] + [(0, 0)] * (len(view) - 1)))
+    return blocks
+
+  def local(fitness, seeds):
+    branches = [lambda f, s, d=d: device_blocks(d, f, s) for d in range(n_shards)]
+    index = jax.lax.axis_index(axis_name)
+    return tuple(jax.lax.switch(index, branches, fitness, seeds))
+
+  shard_map, check_name = _shard_map()
+  sharded = shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec()),
+                      out_specs=tuple(PartitionSpec(axis_name) for _ in split),
+                      **{check_name: False})
+  padded = iter(sharded(jnp.asarray(shaped_fitness, jnp.float32), seeds) if split else ())
+  grads = []
+  for plan, leaf in zip(plans, leaves):
+    dtype = getattr(leaf, "dtype", jnp.float32)
+    if plan.axis is None:
+      if plan.block.offset is None or 0 in plan.block.shape:
+        grads.append(jnp.zeros(np.shape(leaf), dtype))
+      else:  # a perturbed scalar: every device forms it (one value)
+        grads.append(population_lib._leaf_gradient(  # pylint: disable=protected-access
+            plan.block, shaped_fitness, seeds, es.sigma, pop, es.kind, es.antithetic,
+            es.implementation, es.config).astype(dtype))
+      continue
+    grad = next(padded)[:plan.rows]
+    if plan.block.transposed:
+      grad = grad.T
+    grad = jax.lax.with_sharding_constraint(
+        grad.astype(dtype), NamedSharding(mesh, _spec(plan, grad.ndim, axis_name, n_shards)))
+    grads.append(grad)
+  return jax.tree_util.tree_unflatten(treedef, grads)
+
+
+def sharded_update(es, fitness: jax.Array, state: Any, params: Any, *, mesh: Mesh,
+                   axis_name: str = DEFAULT_AXIS_NAME,
+                   keep_sharded: bool = False) -> tuple[Any, Any]:
+  """:meth:`EvolutionStrategy.update` with the estimate and the optimizer on parameter shards.
+
+  Call it under ``jax.jit``. The fitness (already gathered, e.g. by
+  :func:`sharded_fitness`) is shaped on every device (``pop`` floats); then
+  :func:`sharded_gradient` forms each device's rows and the inner optimizer
+  runs on them, so no device repeats another's work. With ``keep_sharded``
+  the updates and the optimizer state stay split like
+  :func:`parameter_shardings` (FSDP style: put the parameters and state on
+  the mesh with :func:`shard_tree` once; each device then holds ``1/n`` of
+  the optimizer state). Otherwise the updates are all-gathered (``O(params)``
+  communication) and the state replicated.
+
+  Exactness: for a given fitness vector the updates and state equal
+  :meth:`EvolutionStrategy.update` on one device bit for bit, as long as the
+  inner optimizer works element by element (Adam, SGD, ...). A transform
+  that reduces over a whole leaf or tree (global-norm clipping) sums its
+  shards in another order: equal to float rounding.
+
+  Args:
+    es: the :class:`~jaxnoise.optim.es.EvolutionStrategy`.
+    fitness: ``(pop,)`` fitness of ``es.ask(state)``'s seeds.
+    state: the ES state.
+    params: the current parameters (pytree, ``nnx.State`` or ``nnx`` model).
+    mesh: the device mesh.
+    axis_name: the mesh axis the rows are split over.
+    keep_sharded: keep the updates and optimizer state split (see above).
+
+  Returns:
+    ``(updates, new_state)`` as :meth:`EvolutionStrategy.update`.
+  """
+  tree = es._params(params)  # pylint: disable=protected-access
+  seeds = es.seeds(state)
+  shaped, count, rescaled = jax.lax.optimization_barrier(es.shape_and_bound(fitness))  # as in es.update
+  ascent = sharded_gradient(es, shaped, seeds, params, mesh=mesh, axis_name=axis_name)
+  split = parameter_shardings(es, params, mesh, axis_name=axis_name)
+  updates, new_state = es.apply_gradient(ascent, count, state, params, rescaled)
+  if keep_sharded:
+    out = split
+  else:
+    out = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), split)
+  updates = jax.lax.with_sharding_constraint(updates, out)
+  new_state = jax.lax.with_sharding_constraint(new_state,
+                                               state_shardings(new_state, tree, out, mesh))
+  return updates, new_state
+
+
+# ----------------------------------------------------------------------------
+# Several processes.
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None, **kwargs: Any) -> None:
+  """``jax.distributed.initialize`` for one process per device, any number of hosts.
+
+  Call it first, before any other JAX call, with the same code in every
+  process; then :func:`population_mesh` spans every process's devices and
+  :func:`sharded_fitness` / :func:`sharded_update` run unchanged. Arguments
+  left None come from ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and
+  ``JAX_PROCESS_ID`` when set, else from JAX's cluster detection (SLURM,
+  Open MPI, ...). On the CPU backend, collectives across processes use gloo.
+
+  Args:
+    coordinator_address: ``host:port`` of process 0.
+    num_processes: the number of processes.
+    process_id: this process's index.
+    **kwargs: passed on (e.g. ``local_device_ids``).
+  """
+  env = os.environ
+  if coordinator_address is None:
+    coordinator_address = env.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and env.get("JAX_NUM_PROCESSES"):
+    num_processes = int(env["JAX_NUM_PROCESSES"])
+  if process_id is None and env.get("JAX_PROCESS_ID"):
+    process_id = int(env["JAX_PROCESS_ID"])
+  if "cpu" in env.get("JAX_PLATFORMS", "cpu").split(","):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address, num_processes, process_id, **kwargs)

@@ -52,3 +52,12 @@ def test_lm_benchmark_quick(tmp_path):
     results = json.load(f)["results"]
   assert {r["rank"] for r in results if r.get("tokens_per_s", 0) > 0} == {"1", "full"}
   assert not [r for r in results if "error" in r or "skipped" in r]
+
+
+def test_scaling_benchmark_quick(tmp_path):
+  _run(tmp_path, "bench_scaling.py", "--quick", "--modes", "replicated,sharded")
+  with open(tmp_path / "scaling.json") as f:
+    results = json.load(f)["results"]
+  assert not [r for r in results if "error" in r or "skipped" in r], results
+  assert any(r.get("efficiency", 0) > 0 for r in results)
+  assert [r["bit_exact"] for r in results if "bit_exact" in r] == [True]

@@ -205,3 +205,59 @@ def check_shape(shape: Any, name: str, ndim: int, *, allow_zero: bool = False) -
     what = "non-negative" if allow_zero else "positive"
     raise ValueError(f"{name} must be {ndim} {what} ints, got {shape}")
   return shape
+
+
+# ----------------------------------------------------------------------------
+# Varying manual axes (``jax.shard_map`` with ``check_vma=True``).
+#
+# Inside ``shard_map`` an array's type records the mesh axes along which it
+# varies. The ops read only these types, never a mesh: an op whose inputs
+# vary along different axes first casts every input to the union (a no-op
+# on the data, what JAX's own primitives do implicitly), so a custom VJP's
+# cotangents and a Pallas kernel's outputs have the types JAX expects.
+
+
+def varying_axes(*values: Any) -> frozenset:
+  """The union of the varying manual axes of ``values`` (None entries skipped).
+
+  Empty outside ``shard_map`` and under ``check_vma=False``.
+  """
+  axes = frozenset()
+  for value in values:
+    if value is None:
+      continue
+    aval = jax.typeof(value)
+    manual = getattr(aval, "manual_axis_type", None)
+    if manual is not None:
+      axes |= frozenset(manual.varying)
+    else:
+      axes |= frozenset(getattr(aval, "vma", ()))
+  return axes
+
+
+def match_varying(*values: Any) -> tuple[Any, ...]:
+  """``values`` cast to vary along the union of their varying axes (None kept).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> a, b = match_varying(jnp.ones(2), None)  # outside shard_map: unchanged
+    >>> b is None
+    True
+  """
+  axes = varying_axes(*values)
+  if not axes:
+    return values
+  cast = []
+  for value in values:
+    missing = axes - varying_axes(value) if value is not None else frozenset()
+    if missing:
+      value = _pcast_varying(value, tuple(sorted(missing)))
+    cast.append(value)
+  return tuple(cast)
+
+
+def _pcast_varying(value, axes: tuple[str, ...]):
+  pcast = getattr(jax.lax, "pcast", None)
+  if pcast is not None:
+    return pcast(value, axes, to="varying")
+  return jax.lax.pvary(value, axes)  # jax < 0.8

@@ -26,6 +26,8 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxnoise.ops import _common
+
 __all__ = [
     "choose_num_stages",
     "compiler_params",
@@ -64,9 +66,32 @@ def pallas_call(kernel, *, interpret: bool, **kwargs: Any):
   @functools.wraps(call)
   def wrapped(*args):
     with quiet_triton_deprecation():
+      if args and _in_checked_shard_map():
+        # shard_map with check_vma=True types every output: it varies where the inputs do.
+        args = _common.match_varying(*args)
+        out_shape = jax.tree.map(functools.partial(_varying_like, args[0]), kwargs["out_shape"])
+        return pl.pallas_call(kernel, interpret=interpret,
+                              **dict(kwargs, out_shape=out_shape))(*args)
       return call(*args)
 
   return wrapped
+
+
+def _in_checked_shard_map() -> bool:
+  """Whether this trace is inside a ``shard_map`` with ``check_vma=True``."""
+  try:
+    manual_axes = jax.sharding.get_abstract_mesh().manual_axes
+  except AttributeError:  # no abstract mesh in this jax
+    return False
+  return bool(manual_axes) and bool(getattr(jax.config, "check_vma", False))
+
+
+def _varying_like(example, shape: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+  """``shape`` with ``example``'s varying manual axes (its shard_map type)."""
+  manual = getattr(jax.typeof(example), "manual_axis_type", None)
+  if manual is not None:
+    return jax.ShapeDtypeStruct(shape.shape, shape.dtype, manual_axis_type=manual)
+  return jax.ShapeDtypeStruct(shape.shape, shape.dtype, vma=jax.typeof(example).vma)
 
 
 def compiler_params(num_warps: int, num_stages: int) -> Any:

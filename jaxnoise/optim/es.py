@@ -435,13 +435,46 @@ class EvolutionStrategy:
     Returns:
       ``(updates, new_state)``; add the updates with ``optax.apply_updates``.
     """
-    param_tree = self._params(params)
     seeds = self.seeds(state)
+    # Barriers here and in apply_gradient keep XLA from fusing shaping, estimate
+    # and optimizer into one another, so each stage's float arithmetic is the
+    # same however the estimate is formed (one device or parameter shards,
+    # jaxnoise.parallel.sharded_update): the two agree bit for bit.
+    shaped, count, rescaled = jax.lax.optimization_barrier(self.shape_and_bound(fitness))
+    ascent = self.gradient(shaped, seeds, params)
+    return self.apply_gradient(ascent, count, state, params, rescaled)
+
+  def shape_and_bound(self, fitness: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:meth:`shape`, then the ``"raw"`` bound: ``(shaped, nonfinite count, rescaled count)``."""
     shaped, count = self.shape(fitness)
     rescaled = jnp.zeros((), jnp.int32)
     if self.fitness_shaping == "raw":
       shaped, rescaled = bound_raw_fitness(shaped, self.sigma)
-    ascent = self.gradient(shaped, seeds, params)
+    return shaped, count, rescaled
+
+  def apply_gradient(self, ascent: Any, nonfinite_count: jax.Array, state: EvolutionStrategyState,
+                     params: Any, rescaled_count: jax.Array | None = None
+                     ) -> tuple[Any, EvolutionStrategyState]:
+    """The second half of :meth:`update`: decay, the inner optimizer, the skip policy.
+
+    :func:`jaxnoise.parallel.sharded_update` forms ``ascent`` on parameter
+    shards and finishes here.
+
+    Args:
+      ascent: :meth:`gradient` of the shaped fitness (a tree like the parameters).
+      nonfinite_count: the count :meth:`shape` returned.
+      state: the state ``ask`` was called with.
+      params: the current parameters (pytree or ``nnx`` model).
+      rescaled_count: the rescaled count :meth:`shape_and_bound` returned
+        (None: 0).
+
+    Returns:
+      ``(updates, new_state)``, as :meth:`update`.
+    """
+    param_tree = self._params(params)
+    count = nonfinite_count
+    rescaled = jnp.zeros((), jnp.int32) if rescaled_count is None else rescaled_count
+    ascent = jax.lax.optimization_barrier(ascent)
     loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
     updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
     # The library owns this state: a non-finite update or optimizer state is

@@ -856,5 +856,6 @@ def ternary_matmul(
   if m_rows == 0:
     return jnp.zeros(batch_shape + (out_features,), out_dtype)
   x2 = x.reshape(m_rows, in_features)
-  y = _run(static.implementation, _matmul_jit, static, x2, packed, scale.astype(jnp.float32))
+  x2, packed, scale = _common.match_varying(x2, packed, scale.astype(jnp.float32))
+  y = _run(static.implementation, _matmul_jit, static, x2, packed, scale)
   return y.reshape(batch_shape + (out_features,))

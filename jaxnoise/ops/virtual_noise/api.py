@@ -196,7 +196,8 @@ def virtual_perturbed_linear(
       shared_x=x.ndim == 2,
       rank=noise_lib.check_rank(rank),
   )
-  noise_lib.check_block_end(static.offset, out_features * in_features
+  noise_lib.check_block_end(static.offset,
+                            noise_lib.noise_block_size((out_features, in_features), static.rank)
                             + (out_features if bias is not None else 0), "weight and bias")
   batch = x.shape[-2]
   if batch == 0 or out_features == 0:
@@ -205,7 +206,15 @@ def virtual_perturbed_linear(
   if in_features == 0 and static.implementation != "reference":
     # No weight noise: the bias term alone, which the reference computes exactly.
     static = dataclasses.replace(static, implementation="reference")
-  return _perturbed_linear(static, x, weight, bias, seeds, sigma)
+  args = _common.match_varying(x, weight, bias, seeds, sigma)
+  try:
+    return _perturbed_linear(static, *args)
+  except NotImplementedError as error:
+    if "symbolic_zeros" not in str(error):
+      raise
+    # Eager jax.shard_map (no jit around it) cannot bind a custom_vjp with
+    # symbolic zeros; a jit can, and shard_map runs the jit per shard.
+    return _perturbed_linear_jit(static, *args)
 
 
 def _forward(static: _LinearStatic, x, weight, bias, seeds, sigma):
@@ -310,6 +319,7 @@ def _perturbed_linear_bwd(static, residuals, grad_out):
 
 
 _perturbed_linear.defvjp(_perturbed_linear_fwd, _perturbed_linear_bwd, symbolic_zeros=True)
+_perturbed_linear_jit = jax.jit(_perturbed_linear, static_argnums=0)
 
 
 def _check_fitness(fitness, seeds):

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnoise import noise as noise_lib
+from jaxnoise.ops import _common
 
 # Elements of noise one chunk may hold (float32: 64 MiB).
 DEFAULT_CHUNK_ELEMENTS = 1 << 24
@@ -60,6 +61,7 @@ def _sum_chunks(fn: Callable, chunk: int, pop: int, init: jax.Array, *xs):
   def body(acc, args):
     return acc + fn(*args), None
 
+  init = _common.match_varying(init, *xs)[0]  # the carry varies like the inputs (shard_map)
   total, _ = jax.lax.scan(body, init, chunked)
   return total
 
@@ -301,18 +303,21 @@ def noise_gradient_reference(
 
 
 def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic,
-                      chunk_size, rank, precision, operand_dtype=jnp.float32):
+                      chunk_size, rank, precision, operand_dtype=jnp.float32, rows=None):
   """``sum_i f_i s_i A_i B_i^T / (pop_size sigma sqrt(r))``: a GEMM over ``chunk * r`` per chunk.
 
   The factors stay in their ``(c, r, out + in)`` index order, so each chunk is
   one GEMM ``(c r, out)^T (c r, in)`` with no transpose; the scale is folded
   into the fitness weights, and a single chunk skips the accumulation loop, so
-  the ``(out, in)`` result is written once.
+  the ``(out, in)`` result is written once. ``rows=(row0, n)`` forms only rows
+  ``[row0, row0 + n)`` (a device's shard, :mod:`jaxnoise.parallel`): ``A``'s
+  rows are sliced, ``B`` is whole.
   """
   weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
   n = pair_seeds.shape[0]
   out_features, in_features = shape
   width = out_features + in_features
+  row0, n_rows = (0, out_features) if rows is None else rows
   chunk = chunk_size_for(n, width * rank, chunk_size)
   scale = jnp.float32(1.0 / math.sqrt(rank)) / (jnp.float32(pop_size)
                                                    * jnp.asarray(sigma, jnp.float32))
@@ -323,15 +328,16 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
   def partial(f_c, seed_c):
     factors = noise_lib.noise_at(seed_c[:, None, None], hi[None], lo[None], kind,
                                  high_word=high)  # (c, r, out + in)
-    a = (factors[..., :out_features] * f_c[:, None, None]).astype(operand_dtype)
+    a = (factors[..., row0:row0 + n_rows] * f_c[:, None, None]).astype(operand_dtype)
     b = factors[..., out_features:].astype(operand_dtype)
     return jax.lax.dot_general(
-        a.reshape(-1, out_features), b.reshape(-1, in_features), (((0,), (0,)), ((), ())),
+        a.reshape(-1, n_rows), b.reshape(-1, in_features), (((0,), (0,)), ((), ())),
         precision=precision, preferred_element_type=jnp.float32)
 
   if chunk >= n:
     return partial(weights, pair_seeds)
-  return _sum_chunks(partial, chunk, n, jnp.zeros(shape, jnp.float32), weights, pair_seeds)
+  return _sum_chunks(partial, chunk, n, jnp.zeros((n_rows, in_features), jnp.float32), weights,
+                     pair_seeds)
 
 
 # The seed document's two names for the same estimate.

@@ -1,0 +1,207 @@
+"""Every public op inside shard_map, and the parameter-sharded ES update.
+
+Multi-device checks run in subprocesses with
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (set before JAX starts).
+
+* Ops: eager and jitted ``jax.shard_map`` (``check_vma`` on and off for the
+  reference; off for the Pallas interpreter, whose own grid loop does not
+  carry varying types) and ``sharded_fitness``: forward values equal the
+  unsharded op, and ``virtual_perturbed_linear``'s gradient works.
+* ``sharded_update`` against ``es.update`` on one device, from one fitness
+  vector, on 2, 4 and 8 devices with row counts that do not divide.
+  Exactness: each shard is formed with the whole block's config and
+  population order, so every element is the same sum; on CPU, XLA compiles
+  a shard inside the per-device ``lax.switch`` branch with another float
+  schedule (measured: the same op inside ``lax.cond`` differs in the last
+  bit), so the test allows float32 rounding (1e-6 of each leaf's largest
+  value); many cases come out bit-exact.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+OPS_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    import jaxnoise
+    from jaxnoise import batching
+    from jaxnoise.parallel import population_mesh, sharded_fitness, _shard_map
+    P = jax.sharding.PartitionSpec
+    impl = sys.argv[1]
+    mesh = population_mesh()
+    shard_map, check = _shard_map()
+    rng = np.random.default_rng(int(sys.argv[2]))
+    x = jnp.asarray(rng.normal(size=(3, 8)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(5, 8)), jnp.float32)
+    b = jnp.asarray(rng.normal(size=5), jnp.float32)
+    wt = jnp.asarray(rng.normal(size=(4, 8)), jnp.float32)
+    seeds = jnp.asarray(rng.integers(0, 2**32, size=4, dtype=np.uint32))
+    packed, scale = jaxnoise.ternary_init(wt, 3, implementation=impl)
+    lin = lambda s, w: jaxnoise.virtual_perturbed_linear(x, w, b, s, 0.1, 7, implementation=impl)
+    # Differentiate at a point that varies with the seed: under check_vma=True the gradient
+    # with respect to a replicated value is, by JAX's rule, summed over the devices.
+    at = lambda value, t: value + 0.0 * (t % 2).astype(jnp.float32)
+    per_device = {
+      "virtual_perturbed_linear": lambda s: lin(s, w).sum((1, 2)),
+      "virtual_perturbed_linear antithetic": lambda s: jaxnoise.virtual_perturbed_linear(
+          x, w, None, s, 0.1, antithetic=True, implementation=impl).sum((1, 2)),
+      "grad of virtual_perturbed_linear": lambda s: jax.vmap(
+          lambda t: jax.grad(lambda w, xx, sg: jaxnoise.virtual_perturbed_linear(
+              xx, w, b, t[None], sg, implementation=impl).sum(), argnums=(0, 1, 2))(
+              at(w, t), at(x, t), at(jnp.float32(0.1), t))
+      )(s)[0].sum((1, 2)),
+      "virtual_weight_gradient": lambda s: jax.vmap(lambda t: jaxnoise.virtual_weight_gradient(
+          jnp.ones(1), t[None], (5, 8), 0.1, implementation=impl).sum())(s),
+      "virtual_bias_gradient": lambda s: jax.vmap(lambda t: jaxnoise.virtual_bias_gradient(
+          jnp.ones(1), t[None], 5, 0.1, implementation=impl).sum())(s),
+      "virtual_reduce_metric": lambda s: jaxnoise.virtual_reduce_metric(b, s, 0.1, implementation=impl),
+      "virtual_noise": lambda s: jaxnoise.virtual_noise(s, (5, 8), 3).sum((1, 2)),
+      "batching.perturbed_linear": lambda s: jax.vmap(lambda t: batching.perturbed_linear(
+          x, w, b, t, 0.1, implementation=impl))(s).sum((1, 2)),
+      "grad of batching.perturbed_linear": lambda s: jax.vmap(lambda t: jax.grad(
+          lambda w: batching.perturbed_linear(x, w, b, t, 0.1, implementation=impl).sum())(
+              at(w, t)).sum())(s),
+      "batching.perturbed_linear_pair": lambda s: jax.vmap(lambda t: batching.perturbed_linear_pair(
+          x, w, b, t, 0.1, implementation=impl))(s[::2]).sum((2, 3)).reshape(-1),
+      "batching.reduce_metric": lambda s: jax.vmap(lambda t: batching.reduce_metric(
+          b, t, 0.1, implementation=impl))(s),
+      "batching.individual_noise": lambda s: jax.vmap(lambda t: batching.individual_noise(t, 3))(s).sum(1),
+      "batching.perturb": lambda s: jax.vmap(lambda t: batching.perturb(w, t, 0.1))(s).sum((1, 2)),
+      "ternary_matmul and its grad": lambda s: jax.vmap(lambda t: jax.grad(
+          lambda xx, sc: jaxnoise.ternary_matmul(xx, packed, sc, C=3, implementation=impl).sum(),
+          argnums=(0, 1))(x[:2] * (t % 5).astype(jnp.float32), at(scale, t))[1].sum())(s),
+      "ternary_decode, pack, unpack": lambda s: jax.vmap(lambda t: (jaxnoise.ternary_decode(
+          jaxnoise.pack_codes(jaxnoise.unpack_codes(packed, implementation=impl), implementation=impl),
+          scale, C=3, implementation=impl).sum() * (t % 3).astype(jnp.float32)))(s),
+      "ternary_init": lambda s: jax.vmap(lambda t: jaxnoise.ternary_init(
+          wt * (t % 3 + 1).astype(jnp.float32), 3, implementation=impl)[1].sum())(s),
+      "counter_update": lambda s: jax.vmap(lambda t: jaxnoise.counter_update(
+          packed, scale, jnp.zeros(4), wt, C=3, lr=0.1, lr_scale=1e-3, rms_beta=0.9, rms_eps=1e-8,
+          seed=t, implementation=impl, donate=False).packed.astype(jnp.float32).sum())(s),
+      "counter_update_from_io": lambda s: jax.vmap(lambda t: jaxnoise.counter_update_from_io(
+          packed, scale, jnp.zeros(4), x[:2], jnp.ones((2, 4)), C=3, lr=0.1, lr_scale=1e-3,
+          rms_beta=0.9, rms_eps=1e-8, seed=t, implementation=impl,
+          donate=False).packed.astype(jnp.float32).sum())(s),
+    }
+    # The interpreter is slow: one mode there (eager shard_map is covered by the reference).
+    modes = [(False, False), (False, True), (True, False), (True, True)] if impl == "reference" else [(False, True)]
+    result = {}
+    for name, fn in per_device.items():
+      want = np.asarray(fn(seeds))
+      for vma, jit in modes:
+        sharded = shard_map(fn, mesh=mesh, in_specs=P("population"), out_specs=P("population"),
+                            **{check: vma})
+        if jit:
+          sharded = jax.jit(sharded)
+        try:
+          got = np.asarray(sharded(seeds))
+          result[f"{name} check_vma={vma} jit={jit}"] = float(
+              np.abs(got - want).max() / max(1.0, np.abs(want).max()))
+        except Exception as error:
+          result[f"{name} check_vma={vma} jit={jit}"] = f"{type(error).__name__}: {error}"[:300]
+      got = np.asarray(sharded_fitness(lambda s, w: lin(s, w).sum((1, 2)), seeds, w, mesh=mesh))
+      result["sharded_fitness virtual_perturbed_linear"] = float(np.abs(got - np.asarray(lin(seeds, w).sum((1, 2)))).max())
+    print("RESULT " + json.dumps(result))
+""")
+
+
+def _run(script, devices, *args, timeout=600):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  completed = subprocess.run([sys.executable, "-c", script, *map(str, args)],
+                             capture_output=True, text=True, timeout=timeout, env=env)
+  assert completed.returncode == 0, completed.stderr[-4000:]
+  line = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.parametrize("implementation", ["reference", "interpret"])
+def test_every_public_op_works_inside_shard_map(implementation, rng):
+  result = _run(OPS_SCRIPT, 2, implementation, int(rng.integers(0, 2**31)))
+  failures = {k: v for k, v in result.items() if isinstance(v, str) or v > 1e-5}
+  assert not failures, failures
+  assert len(result) == 18 * (4 if implementation == "reference" else 1) + 1  # + sharded_fitness
+
+
+UPDATE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from flax import nnx
+    import jaxnoise
+    from jaxnoise import parallel
+    impl, data_seed = sys.argv[1], int(sys.argv[2])
+    n = jax.device_count()
+    model = nnx.Sequential(nnx.Linear(5, 13, rngs=nnx.Rngs(0)), nnx.LayerNorm(13, rngs=nnx.Rngs(1)),
+                           nnx.relu, nnx.Linear(13, 16, rngs=nnx.Rngs(2)))
+    params = nnx.state(model, nnx.Param)
+    mesh = parallel.population_mesh()
+    rng = np.random.default_rng(data_seed)
+    fitness = jnp.asarray(rng.normal(size=64), jnp.float32)
+    result = {"devices": n}
+    for shaping, optimizer, rank in [("centered_rank", optax.adam(0.01), None),
+                                     ("z_score", optax.sgd(0.1), None),
+                                     ("centered_rank", optax.adam(0.01), 2)]:
+      es = jaxnoise.optim.evolution_strategy(0.05, optimizer, pop_size=64, implementation=impl,
+                                             fitness_shaping=shaping, weight_decay=0.01,
+                                             layout=jaxnoise.nn.parameter_layout(model, rank=rank),
+                                             seed=data_seed, rank=rank)
+      state = es.init(model)
+      one = jax.jit(es.update)(fitness, state, params)
+      for keep in (False, True):
+        shardings = parallel.parameter_shardings(es, params, mesh)
+        p, s = params, state
+        if keep:
+          p = parallel.shard_tree(params, shardings)
+          s = parallel.shard_tree(state, parallel.state_shardings(state, params, shardings, mesh))
+        step = jax.jit(lambda f, s, p: parallel.sharded_update(es, f, s, p, mesh=mesh,
+                                                               keep_sharded=keep))
+        got = step(fitness, s, p)
+        # Largest difference relative to the leaf's largest value.
+        diffs = [float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)),
+                              initial=0.0) / max(float(np.abs(np.asarray(a)).max(initial=0.0)), 1e-30))
+                 for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(got))]
+        exact = all(np.array_equal(np.asarray(a), np.asarray(b))
+                    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(got)))
+        specs = sorted({str(l.sharding.spec) for l in jax.tree.leaves(got[0])})
+        result[f"{shaping} rank={rank} keep_sharded={keep}"] = {"max_rel": max(diffs), "bit_exact": exact,
+                                                    "update_specs": specs}
+    # The gradient alone, outside any jit: each row shard against the whole block.
+    es = jaxnoise.optim.evolution_strategy(0.05, optax.sgd(0.1), pop_size=64, implementation=impl,
+                                           layout=jaxnoise.nn.parameter_layout(model))
+    seeds = es.seeds(es.init(model))
+    shaped, _ = es.shape(fitness)
+    full = es.gradient(shaped, seeds, params)
+    split = parallel.sharded_gradient(es, shaped, seeds, params, mesh=mesh)
+    result["gradient_max_abs"] = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                                     for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(split)))
+    print("RESULT " + json.dumps(result))
+""")
+
+
+@pytest.mark.parametrize("devices", [2, 4, 8])
+def test_sharded_update_equals_one_device(devices, rng):
+  result = _run(UPDATE_SCRIPT, devices, "reference", int(rng.integers(0, 2**31)))
+  assert result["devices"] == devices
+  assert result["gradient_max_abs"] <= 1e-6, result
+  for key, value in result.items():
+    if not isinstance(value, dict):
+      continue
+    assert value["max_rel"] <= 1e-6, (key, result)  # float32 rounding
+    if "keep_sharded=True" in key:
+      # 16 output rows divide over 2, 4 and 8 devices: that kernel stays split.
+      assert "P(None, 'population')" in value["update_specs"], (key, value)
+    else:
+      assert value["update_specs"] == ["P()"], (key, value)
+
+
+def test_sharded_update_interpret_kernel_two_devices(rng):
+  result = _run(UPDATE_SCRIPT, 2, "interpret", int(rng.integers(0, 2**31)))
+  assert result["gradient_max_abs"] <= 1e-6, result
+  assert all(v["max_rel"] <= 1e-6 for v in result.values() if isinstance(v, dict)), result
