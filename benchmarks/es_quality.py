@@ -506,7 +506,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default="benchmarks/out/es_quality")
   parser.add_argument("--quick", action="store_true", help="tiny problems, < 60 s on CPU")
-  parser.add_argument("--kinds", nargs="+", default=sorted(jaxnoise.KINDS),
+  parser.add_argument("--kinds", nargs="*", default=sorted(jaxnoise.KINDS),
                       choices=sorted(jaxnoise.KINDS))
   parser.add_argument("--ranks", nargs="*", type=int, default=[],
                       help="also run these low ranks (digits only: the other problems' "
