@@ -8,6 +8,7 @@ against the shared weight). Medians of >= 10 timed calls after warm-up.
 
     python benchmarks/bench_virtual_noise.py --check --bench --out benchmarks/out
     python benchmarks/bench_virtual_noise.py --quick            # CPU, interpret mode
+    python benchmarks/bench_virtual_noise.py --throughput --out benchmarks/out  # every kind
 
 Writes ``<out>/virtual_noise.json`` and prints tables; ``--plot`` draws
 ``<out>/virtual_noise.png`` from the JSON.
@@ -37,7 +38,7 @@ from jaxnoise.ops.virtual_noise import pallas_triton  # noqa: E402
 
 F32 = jnp.float32
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
-KINDS = ("uniform", "rademacher", "normal")
+KINDS = tuple(noise_lib.KINDS)
 
 # (name, pop, batch, out, in, shared_x)
 LINEAR_SHAPES = [
@@ -47,6 +48,12 @@ LINEAR_SHAPES = [
     ("per-ind 1024x16x512x512", 1024, 16, 512, 512, False),
     ("ragged 1000x7x1000x999", 1000, 7, 1000, 999, True),
     ("eggroll 1024x1x8192x8192", 1024, 1, 8192, 8192, False),
+]
+# Kind throughput (--throughput): forward bf16 and weight gradient per kind, no baselines.
+THROUGHPUT_SHAPES = [
+    ("3000x48x1536x2304", 3000, 48, 1536, 2304, True),
+    ("1024x256x1024x1024", 1024, 256, 1024, 1024, True),
+    ("4096x64x256x768", 4096, 64, 256, 768, True),
 ]
 QUICK_LINEAR_SHAPES = [
     ("quick 8x5x40x70", 8, 5, 40, 70, True),
@@ -483,6 +490,27 @@ def bench(args, results, budget):
             budget)
 
 
+def throughput(args, results, budget):
+  """Noise values/s of every kind: bf16 forward and weight gradient at the same shapes.
+
+  Antithetic pairs only on the first shape; no baselines (ratios between kinds,
+  one run).
+  """
+  shapes = QUICK_LINEAR_SHAPES[:1] if args.quick else THROUGHPUT_SHAPES
+  for index, shape in enumerate(shapes):
+    _, pop, _, out_features, in_features, _ = shape
+    for antithetic in (False, True) if index == 0 else (False,):
+      for kind in KINDS:
+        _run_case(args, results, f"throughput linear {shape[0]} bf16 {kind} anti={antithetic}",
+                  functools.partial(time_linear, args, shape, "bf16", kind, antithetic, None,
+                                    False), budget)
+        _run_case(args, results,
+                  f"throughput gradient {pop}x({out_features}, {in_features}) {kind} "
+                  f"anti={antithetic}",
+                  functools.partial(time_gradient, args, pop, (out_features, in_features), kind,
+                                    antithetic, None, False), budget)
+
+
 def summarise(results):
   linear = [r for r in results if r.get("case", "").startswith("linear") and "kernel_ms" in r]
   if linear:
@@ -495,6 +523,9 @@ def summarise(results):
     print(_harness.table(flat, ["case", "kernel_ms", "pure_jax_ms", "pure_jax_fused_ms",
                                 "pure_jax_materialised_ms", "speedup_vs_pure_jax",
                                 "noise_values_per_s"]))
+  kinds = [r for r in results if r.get("case", "").startswith("throughput") and "kernel_ms" in r]
+  if kinds:
+    print(_harness.table(kinds, ["case", "kernel_ms", "noise_values_per_s"]))
   sweeps = [r for r in results if r.get("case", "").startswith("sweep") and "kernel_ms" in r]
   if sweeps:
     print(_harness.table(sweeps, ["case", "kernel_ms", "noise_values_per_s"]))
@@ -510,6 +541,8 @@ def main(argv=None):
   parser.add_argument("--check", action="store_true", help="compiled correctness checks")
   parser.add_argument("--sweep", action="store_true", help="config sweeps")
   parser.add_argument("--bench", action="store_true", help="SPEC section 5 benchmarks")
+  parser.add_argument("--throughput", action="store_true",
+                      help="values/s of every kind, forward and gradient (THROUGHPUT_SHAPES)")
   parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU interpret mode)")
   parser.add_argument("--skip-noise-bits", action="store_true",
                       help="skip the noise bit-for-bit checks (identity x, one-hot fitness)")
@@ -529,7 +562,7 @@ def main(argv=None):
   if args.plot:
     plot(args.out)
     return
-  if not (args.check or args.sweep or args.bench):
+  if not (args.check or args.sweep or args.bench or args.throughput):
     args.check = args.bench = True
   args.implementation = "pallas" if jax.default_backend() == "gpu" else "interpret"
   budget = _harness.Budget(args.budget)
@@ -542,6 +575,8 @@ def main(argv=None):
     sweep(args, results, budget)
   if args.bench:
     bench(args, results, budget)
+  if args.throughput:
+    throughput(args, results, budget)
   _harness.write_json(os.path.join(args.out, f"{args.tag}.json"),
                       {"facts": facts, "results": results})
   summarise(results)

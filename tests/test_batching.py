@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxnoise import batching
-from jaxnoise.noise import virtual_noise
+from jaxnoise.noise import DEFAULT_KIND, virtual_noise
 from jaxnoise.ops.virtual_noise.api import virtual_perturbed_linear, virtual_reduce_metric
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -66,7 +66,7 @@ def random_problem(rng, pop=6, batch=3, in_features=5, out_features=4):
 
 
 @functools.partial(jax.jit, static_argnums=(5, 6))
-def explicit_linear(x, weight, bias, seed, sigma, offset, kind="uniform", sign=1.0):
+def explicit_linear(x, weight, bias, seed, sigma, offset, kind=DEFAULT_KIND, sign=1.0):
   """Materialised math for one individual: x @ (W + s sigma N)^T + b + s sigma nb."""
   out_features, in_features = weight.shape
   noise = virtual_noise(jnp.atleast_1d(seed), (out_features, in_features), offset, kind=kind)[0]

@@ -61,3 +61,16 @@ def test_scaling_benchmark_quick(tmp_path):
   assert not [r for r in results if "error" in r or "skipped" in r], results
   assert any(r.get("efficiency", 0) > 0 for r in results)
   assert [r["bit_exact"] for r in results if "bit_exact" in r] == [True]
+
+
+def test_es_quality_benchmark_quick(tmp_path):
+  # One kind against evosax on every problem family (BBOB, gymnax, digits).
+  pytest.importorskip("evosax")
+  pytest.importorskip("gymnax")
+  _run(tmp_path, "es_quality.py", "--quick", "--kinds", "binomial")
+  with open(tmp_path / "es_quality.json") as f:
+    results = json.load(f)["results"]
+  assert {r["family"] for r in results} == {"bbob", "rl", "digits"}
+  assert {r["method"] for r in results} == {"binomial", "evosax"}
+  assert not [r for r in results if "error" in r]
+  assert (tmp_path / "es_quality.md").exists() and (tmp_path / "es_quality.png").exists()

@@ -12,7 +12,7 @@ from flax import nnx
 from jaxnoise.nn.linear import VirtualLinear
 from jaxnoise.nn.population import (fitness_gradient, parameter_layout, perturb_params,
                                     population_apply)
-from jaxnoise.noise import virtual_noise
+from jaxnoise.noise import DEFAULT_KIND, virtual_noise
 from jaxnoise.ops.virtual_noise.api import virtual_perturbed_linear
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -100,7 +100,7 @@ def _get(tree, path):
 
 
 @functools.partial(jax.jit, static_argnames=("kind",))
-def explicit_perturbation(seed, sign, kind="uniform"):
+def explicit_perturbation(seed, sign, kind=DEFAULT_KIND):
   """{path: sigma * sign * noise} for Net, built from the documented offsets by hand."""
   result = {}
   for path, (offset, shape, transposed) in NET_BLOCKS.items():
@@ -109,7 +109,7 @@ def explicit_perturbation(seed, sign, kind="uniform"):
   return result
 
 
-def explicit_population(model, seeds, signs, fn, kind="uniform"):
+def explicit_population(model, seeds, signs, fn, kind=DEFAULT_KIND):
   """A Python loop over individuals: perturb every leaf by hand, call the plain model."""
   graphdef, state = nnx.split(model)
 

@@ -17,7 +17,7 @@ import pytest
 
 from jaxnoise import noise as noise_lib
 
-KIND_NAMES = ("uniform", "rademacher", "normal")
+KIND_NAMES = ("uniform", "rademacher", "normal", "binomial")
 MASK32 = 0xFFFFFFFF
 
 
@@ -70,9 +70,20 @@ def _np_noise(seed: int, index: np.ndarray, kind: str) -> np.ndarray:
     s = sum(2 * ((words >> np.uint32(8 * b)) & np.uint32(255)).astype(np.int32) - 255
             for b in range(4)).astype(np.float32)
     q = s * (s * s + np.float32(4448279))
+  elif kind == "binomial":
+    words = _np_words(seed, index)
+    q = (_np_popcount(words) - 16).astype(np.float32)
   else:
     raise AssertionError(kind)
   return (q * scale).reshape(index.shape)
+
+
+_BYTE_POPCOUNT = np.asarray([bin(b).count("1") for b in range(256)], np.int32)
+
+
+def _np_popcount(words):
+  """Set bits of each uint32 word, by a byte table."""
+  return sum(_BYTE_POPCOUNT[(words >> np.uint32(8 * b)) & np.uint32(255)] for b in range(4))
 
 
 def _flat_indices(offset: int, shape) -> np.ndarray:
@@ -395,6 +406,36 @@ def test_normal_kurtosis_and_tails(rng):
   kurtosis_se = math.sqrt((m8 - m4**2) / n)
   assert abs(kurtosis - m4) < 5 * kurtosis_se, (kurtosis, kurtosis_se)
   assert np.max(np.abs(x)) <= bound * (1 + 1e-6)
+  for k in (1, 2, 3):
+    expected = float(p[np.abs(x_law) > k].sum())
+    frac = float(np.mean(np.abs(x) > k))
+    assert abs(frac - expected) < 5 * math.sqrt(expected * (1 - expected) / n), (k, frac, expected)
+
+
+def test_binomial_is_popcount_minus_16_with_an_exact_scale(rng):
+  kind = noise_lib.KINDS["binomial"]
+  # Words with every population count 0..32 (and random ones): q = popcount - 16 exactly.
+  counts = np.arange(33)
+  structured = np.asarray([(1 << int(c)) - 1 for c in counts], np.uint64).astype(np.uint32)
+  rotated = np.asarray([((int(w) << 7) | (int(w) >> 25)) & MASK32 for w in structured], np.uint32)
+  random_words = rng.integers(0, 2**32, size=4096, dtype=np.uint64).astype(np.uint32)
+  for words, want in ((structured, counts - 16), (rotated, counts - 16),
+                      (random_words, _np_popcount(random_words) - 16)):
+    q = np.asarray(jax.jit(kind.unscaled)(jnp.asarray(words)))
+    np.testing.assert_array_equal(q, np.asarray(want, np.float32))
+  # The law is Binomial(32, 1/2) - 16: variance 8, so scale = 1 / sqrt(8) (float32).
+  assert kind.scale == float(np.float32(1 / math.sqrt(8)))
+  p = np.asarray([math.comb(32, k) for k in range(33)], np.float64) / 2**32
+  x_law = (np.arange(33) - 16) * kind.scale
+  assert abs(float(np.dot(p, x_law**2)) - 1.0) < 1e-6
+  m4 = float(np.dot(p, x_law**4))
+  assert abs(m4 - (3 - 2 / 32)) < 1e-6  # kurtosis 2.9375
+  # A sample follows the exact law: kurtosis and tail fractions.
+  x = _values([_random_seed(rng)], N_MOMENTS, int(rng.integers(0, 2**40)), "binomial")[0]
+  n = x.size
+  m8 = float(np.dot(p, x_law**8))
+  kurtosis = np.mean(x**4) / np.mean(x**2) ** 2
+  assert abs(kurtosis - m4) < 5 * math.sqrt((m8 - m4**2) / n), kurtosis
   for k in (1, 2, 3):
     expected = float(p[np.abs(x_law) > k].sum())
     frac = float(np.mean(np.abs(x) > k))

@@ -225,12 +225,12 @@ class VirtualNoiseOpsBase:
     for xx in (x, x_per):
       y = self.linear(xx, weight, bias, seeds, sigma, offset)
       assert y.shape == (pop, batch, out_f)
-      want, magnitude = _materialised_linear(xx, weight, bias, seeds, sigma, offset, "uniform",
-                                             False)
+      want, magnitude = _materialised_linear(xx, weight, bias, seeds, sigma, offset,
+                                             noise_lib.DEFAULT_KIND, False)
       _assert_close(y, want, magnitude, self.tolerance(F32), f"forward {shape}")
     fitness = _normal(rng, (pop,))
     grad = self.weight_gradient(fitness, seeds, (out_f, in_f), sigma, offset=offset)
-    noise = _noise64(seeds, (out_f, in_f), offset, "uniform")
+    noise = _noise64(seeds, (out_f, in_f), offset, noise_lib.DEFAULT_KIND)
     want = np.einsum("p,pok->ok", _f64(fitness), noise) / (pop * float(sigma))
     magnitude = np.einsum("p,pok->ok", np.abs(_f64(fitness)), np.abs(noise)) / (pop * float(sigma))
     _assert_close(grad, want, magnitude, self.tolerance(F32), "weight gradient")
@@ -250,7 +250,8 @@ class VirtualNoiseOpsBase:
     y = self.linear(x, weight, bias, seeds, sigma, offset, out_dtype=out_dtype, antithetic=True)
     assert y.dtype == out_dtype and y.shape == (pop, batch, out_f)
     # The oracle sees the inputs as stored (already rounded to their dtype).
-    want, magnitude = _materialised_linear(x, weight, bias, seeds, sigma, offset, "uniform", True)
+    want, magnitude = _materialised_linear(x, weight, bias, seeds, sigma, offset,
+                                           noise_lib.DEFAULT_KIND, True)
     tol = self.tolerance(x_dtype, weight_dtype)
     if out_dtype != F32:  # plus the output's own rounding
       tol = tol + float(jnp.finfo(out_dtype).eps)
@@ -268,7 +269,8 @@ class VirtualNoiseOpsBase:
     seeds = _seeds(rng, pop)
     sigma = np.float32(0.2)
     full = np.asarray(self.linear(x, weight, bias, seeds, sigma, offset))
-    _, magnitude = _materialised_linear(x, weight, bias, seeds, sigma, offset, "uniform", False)
+    _, magnitude = _materialised_linear(x, weight, bias, seeds, sigma, offset,
+                                        noise_lib.DEFAULT_KIND, False)
     for rows in (slice(4, 5), slice(0, 3), slice(2, 9)):
       part = self.linear(x[..., rows, :], weight, bias, seeds, sigma, offset)
       _assert_close(part, full[:, rows].astype(np.float64), magnitude[:, rows],

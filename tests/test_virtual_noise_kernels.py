@@ -22,7 +22,7 @@ from jaxnoise.ops.virtual_noise import config as config_lib
 from jaxnoise.ops.virtual_noise import pallas_triton
 from jaxnoise.ops.virtual_noise import tuning
 
-KINDS = ("uniform", "rademacher", "normal")
+KINDS = ("uniform", "rademacher", "normal", "binomial")
 IMPLEMENTATIONS = ["interpret"] + (["pallas"] if jax.default_backend() == "gpu" else [])
 # Relative max error against the float32 reference, by input dtype. The kernel
 # feeds bfloat16 / float16 noise to the matrix units; float32 uses IEEE products
