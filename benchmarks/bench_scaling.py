@@ -156,6 +156,9 @@ def run(args):
     es = jaxnoise.optim.evolution_strategy(0.02, optax.adam(1e-3), pop_size=pop, kind=kind,
                                            layout=jaxnoise.nn.parameter_layout(model))
     graphdef, params = nnx.split(model, nnx.Param)
+    # The step donates its parameters: copy, so the model's own arrays survive for
+    # the next case (device_put to a sharding they already have would not copy).
+    params = jax.tree.map(jnp.copy, params)
     n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
     state = es.init(model)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -238,7 +241,9 @@ def run(args):
   if os.path.exists(lm_path):
     spec = importlib.util.spec_from_file_location("lm_model", lm_path)
     lm_model = importlib.util.module_from_spec(spec)
+    sys.modules["lm_model"] = lm_model  # its dataclasses look their module up
     spec.loader.exec_module(lm_model)
+  if os.path.exists(lm_path) and hasattr(lm_model, "make_lm_case"):
     lm, lm_fitness, lm_args = lm_model.make_lm_case(args.quick)
     for mode in modes:
       for devices in sorted(meshes):

@@ -281,7 +281,10 @@ class NoiseKind:
       s = (2 * byte_sum - 1020).astype(jnp.float32)
       return s * (s * s + jnp.float32(_NORMAL_CUBIC))
     if self.name == "binomial":
-      ones = jax.lax.population_count(words) | _U32(_BINOMIAL_BITS)
+      # popcount on int32: Pallas lowers it to CUDA's __nv_popc; a uint32 operand
+      # takes a generic fallback that the Triton compiler rejected on an H200.
+      signed = jax.lax.bitcast_convert_type(words, jnp.int32)
+      ones = jax.lax.population_count(signed) | jnp.int32(_BINOMIAL_BITS)
       return jax.lax.bitcast_convert_type(ones, jnp.float32) - jnp.float32(_BINOMIAL_CENTRE)
     raise ValueError(f"unknown noise kind {self.name!r}")
 
