@@ -58,6 +58,7 @@ BBOB_FUNCTIONS = ("sphere", "ellipsoidal", "rastrigin", "rosenbrock", "discus",
                   "rastrigin_rotated", "different_powers")
 RL_TASKS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}
 EVOSAX = "evosax"
+_RATIO_CAP = 2.5  # the BBOB panel's y limit; larger ratios are printed on their bars
 
 
 # ----------------------------------------------------------------------------
@@ -428,7 +429,12 @@ def plot(records, methods, path):
     for task in bbob_tasks:
       r = next((r for r in ok if r["task"] == task and r["method"] == name), None)
       ratios.append(r["mean"] / base[task] if r and base[task] else np.nan)
-    axes[0].bar(np.arange(len(bbob_tasks)) + i * width, ratios, width, label=name)
+    positions = np.arange(len(bbob_tasks)) + i * width
+    axes[0].bar(positions, np.minimum(ratios, _RATIO_CAP), width, label=name)
+    for x, ratio in zip(positions, ratios):
+      if ratio > _RATIO_CAP:  # clipped: print the value on the bar
+        axes[0].text(x, _RATIO_CAP, f"{ratio:.3g}", rotation=90, ha="center", va="top",
+                     fontsize=6)
   axes[0].axhline(1.0, color="k", lw=1)
   axes[0].axhline(1.05, color="k", lw=1, ls="--", label="1.05x evosax")
   axes[0].set_xticks(np.arange(len(bbob_tasks)) + 0.4 - width / 2)
@@ -440,7 +446,7 @@ def plot(records, methods, path):
   lo = [r["mean"] / base[r["task"]] for r in ok if r["family"] == "bbob" and r["task"] in base
         and base[r["task"]] and r["method"] != EVOSAX]
   if lo:
-    axes[0].set_ylim(max(0.0, min(lo) - 0.1), max(lo) + 0.1)
+    axes[0].set_ylim(max(0.0, min(lo) - 0.1), min(max(lo) + 0.1, _RATIO_CAP))
   rl_tasks = list(dict.fromkeys(r["task"] for r in ok if r["family"] == "rl"))
   width = 0.8 / max(1, len(names))
   for i, name in enumerate(names):

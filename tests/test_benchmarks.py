@@ -28,7 +28,8 @@ def _run(tmp_path, script, *args):
     ("--bench", "--quick", "--only", "rademacher anti=True"),
     ("--sweep", "--quick", "--only", "gradient"),
     ("--check", "--quick", "--skip-noise-bits", "--only", "flat ops rademacher"),
-], ids=["bench", "sweep", "check"])
+    ("--throughput", "--quick", "--only", "binomial anti=False"),
+], ids=["bench", "sweep", "check", "throughput"])
 def test_virtual_noise_benchmark_quick(tmp_path, args):
   _run(tmp_path, "bench_virtual_noise.py", *args, "--tag", "quick")
   with open(tmp_path / "quick.json") as f:
