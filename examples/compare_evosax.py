@@ -260,13 +260,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="a short smoke run for CI: 20 digits generations with pop 64, 4 "
                            "CartPole generations with pop 32, unless those options are given")
   args = parser.parse_args(argv)
-  if args.quick:
-    given = set(argv if argv is not None else sys.argv[1:])
-    quick = {"--digits-generations": 20, "--digits-pop": 64, "--cartpole-generations": 4,
-             "--cartpole-pop": 32}
-    for option, value in quick.items():
-      if option not in given:
-        setattr(args, option[2:].replace("-", "_"), value)
+  _cli.apply_quick_defaults(args, argv, {"--digits-generations": 20, "--digits-pop": 64,
+                                         "--cartpole-generations": 4, "--cartpole-pop": 32})
   for option in ("digits_pop", "cartpole_pop"):
     value = getattr(args, option)
     if value < 2 or value % 2:

@@ -25,6 +25,7 @@ The last line printed is ``mean_return=<v> generations=<n> seconds=<s>``
 from __future__ import annotations
 
 import argparse
+import pathlib
 import dataclasses
 import sys
 import time
@@ -36,6 +37,9 @@ import optax
 from flax import nnx
 
 import jaxnoise
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _cli  # noqa: E402  pylint: disable=g-import-not-at-top
 
 IMPLEMENTATIONS = ("auto", "pallas", "interpret", "reference")
 
@@ -161,18 +165,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="a short smoke run for CI: 10 generations, pop 64, 20 evaluation "
                            "episodes, unless those options are given")
   args = parser.parse_args(argv)
-  if args.quick:
-    given = set(argv if argv is not None else sys.argv[1:])
-    for option, value in {"--generations": 10, "--pop": 64, "--eval-episodes": 20}.items():
-      if option not in given:
-        setattr(args, option[2:].replace("-", "_"), value)
+  _cli.apply_quick_defaults(args, argv, {"--generations": 10, "--pop": 64, "--eval-episodes": 20})
   if args.generations is None:
     args.generations = TASKS[args.env].generations
-  if args.pop < 2 or args.pop % 2:
-    parser.error(f"--pop must be even and >= 2 (antithetic pairs), got {args.pop}")
-  for option in ("generations", "hidden", "episodes", "eval_episodes", "eval_every"):
-    if getattr(args, option) < 1:
-      parser.error(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
+  _cli.check_population_and_counts(
+      parser, args, ("generations", "hidden", "episodes", "eval_episodes", "eval_every"))
   return args
 
 

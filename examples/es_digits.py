@@ -47,6 +47,9 @@ from flax import nnx
 
 import jaxnoise
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _cli  # noqa: E402  pylint: disable=g-import-not-at-top
+
 IMPLEMENTATIONS = ("auto", "pallas", "interpret", "reference")
 # Settings that change the trajectory: a checkpoint only resumes a run that had the same.
 RUN_SETTINGS = ("pop", "sigma", "lr", "batch", "hidden", "seed", "kind")
@@ -206,18 +209,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="a short smoke run for CI: 100 generations, pop 128, eval and "
                            "checkpoint every 50, unless those options are given")
   args = parser.parse_args(argv)
-  if args.quick:
-    given = set(argv if argv is not None else sys.argv[1:])
-    defaults = {"--generations": 100, "--pop": 128, "--eval-every": 50,
-                "--checkpoint-every": 50}
-    for option, value in defaults.items():
-      if option not in given:
-        setattr(args, option[2:].replace("-", "_"), value)
-  if args.pop < 2 or args.pop % 2:
-    parser.error(f"--pop must be even and >= 2 (antithetic pairs), got {args.pop}")
-  for option in ("generations", "eval_every", "checkpoint_every", "batch", "hidden"):
-    if getattr(args, option) < 1:
-      parser.error(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
+  _cli.apply_quick_defaults(args, argv, {"--generations": 100, "--pop": 128, "--eval-every": 50,
+                                         "--checkpoint-every": 50})
+  _cli.check_population_and_counts(
+      parser, args, ("generations", "eval_every", "checkpoint_every", "batch", "hidden"))
   return args
 
 
