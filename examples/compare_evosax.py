@@ -50,6 +50,7 @@ import optax
 from flax import nnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 import es_cartpole  # pylint: disable=g-import-not-at-top,wrong-import-position
 import es_digits  # pylint: disable=g-import-not-at-top,wrong-import-position
 

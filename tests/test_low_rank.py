@@ -185,7 +185,7 @@ def test_kernel_tilings_agree(rng, config):
 def test_16_bit_output(rng):
   x, weight = _normal(rng, (4, 3, 40), jnp.bfloat16), _normal(rng, (24, 40), jnp.bfloat16)
   seeds = _seeds(rng, 4)
-  y = jaxnoise.virtual_perturbed_linear(x, weight, None, seeds, 0.1, rank=1,
+  y = jaxnoise.virtual_perturbed_linear(x, weight, None, seeds, 0.1, rank=1, kind="uniform",
                                         out_dtype=jnp.bfloat16, implementation="interpret")
   expected = _dense_linear(x, weight, None, seeds, 0.1, 0, "uniform", False, 1)
   assert y.dtype == jnp.bfloat16
@@ -249,7 +249,8 @@ def test_vjp_matches_the_dense_perturbation(rng, shared):
       y = _dense_linear(x, weight, bias, seeds, sigma, 3, "uniform", True, rank)
     else:
       y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, sigma, 3, rank=rank,
-                                            antithetic=True, implementation=impl)
+                                            kind="uniform", antithetic=True,
+                                            implementation=impl)
     return jnp.sum(jnp.sin(y))
 
   expected = jax.grad(functools_partial(loss, "dense"), argnums=(0, 1, 2, 3))(x, weight, bias,

@@ -91,7 +91,9 @@ OPS_SCRIPT = textwrap.dedent("""
           donate=False).packed.astype(jnp.float32).sum())(s),
     }
     # The interpreter is slow: one mode there (eager shard_map is covered by the reference).
-    modes = [(False, False), (False, True), (True, False), (True, True)] if impl == "reference" else [(False, True)]
+    # Eager with check_vma (jax.shard_map's default, where the symbolic-zeros bug was) and
+    # jitted without it; the interpreter is slow: one mode there.
+    modes = [(True, False), (False, True)] if impl == "reference" else [(False, True)]
     result = {}
     for name, fn in per_device.items():
       want = np.asarray(fn(seeds))
@@ -127,7 +129,7 @@ def test_every_public_op_works_inside_shard_map(implementation, rng):
   result = _run(OPS_SCRIPT, 2, implementation, int(rng.integers(0, 2**31)))
   failures = {k: v for k, v in result.items() if isinstance(v, str) or v > 1e-5}
   assert not failures, failures
-  assert len(result) == 18 * (4 if implementation == "reference" else 1) + 1  # + sharded_fitness
+  assert len(result) == 18 * (2 if implementation == "reference" else 1) + 1  # + sharded_fitness
 
 
 UPDATE_SCRIPT = textwrap.dedent("""
@@ -185,7 +187,7 @@ UPDATE_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("devices", [2, 4, 8])
+@pytest.mark.parametrize("devices", [2, 8])  # 8: uneven splits (13 rows)
 def test_sharded_update_equals_one_device(devices, rng):
   result = _run(UPDATE_SCRIPT, devices, "reference", int(rng.integers(0, 2**31)))
   assert result["devices"] == devices

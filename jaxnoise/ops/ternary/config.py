@@ -159,8 +159,9 @@ class CounterUpdateConfig:
     about 1-4 K groups per program, ~8 groups (32 gradient values) per thread.
 
     Example:
-      >>> CounterUpdateConfig.get_heuristics_config((4096, 4096))
-      CounterUpdateConfig(block_rows=1, block_groups=1024, num_warps=4, num_stages=1)
+      >>> config = CounterUpdateConfig.get_heuristics_config((4096, 4096))
+      >>> config.block_rows, config.block_groups, config.num_warps, config.num_stages
+      (1, 1024, 4, 1)
     """
     del dtype  # The per-thread footprint is in groups; itemsize only scales bytes.
     out_features, in_features = (int(d) for d in shape)
