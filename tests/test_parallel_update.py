@@ -8,7 +8,7 @@ Multi-device checks run in subprocesses with
   carry varying types) and ``sharded_fitness``: forward values equal the
   unsharded op, and ``virtual_perturbed_linear``'s gradient works.
 * ``sharded_update`` against ``es.update`` on one device, from one fitness
-  vector, on 2, 4 and 8 devices with row counts that do not divide.
+  vector, on 2 and 8 devices with row counts that do not divide.
   Exactness: each shard is formed with the whole block's config and
   population order, so every element is the same sum; on CPU, XLA compiles
   a shard inside the per-device ``lax.switch`` branch with another float
@@ -197,7 +197,7 @@ def test_sharded_update_equals_one_device(devices, rng):
       continue
     assert value["max_rel"] <= 1e-6, (key, result)  # float32 rounding
     if "keep_sharded=True" in key:
-      # 16 output rows divide over 2, 4 and 8 devices: that kernel stays split.
+      # 16 output rows divide over 2 and 8 devices: that kernel stays split.
       assert "P(None, 'population')" in value["update_specs"], (key, value)
     else:
       assert value["update_specs"] == ["P()"], (key, value)
