@@ -375,7 +375,8 @@ def main():
                       help="folder holding hyperscalees_noiser/ (EGGROLL's public noiser code)")
   parser.add_argument("--kinds", default="", help="comma-separated kinds (default: all)")
   parser.add_argument("--ranks", default="1,2,4,8,16", help="comma-separated ranks")
-  parser.add_argument("--only", default="", help="run cases whose name contains this")
+  parser.add_argument("--only", default="",
+                      help="run cases whose name contains one of these |-separated strings")
   parser.add_argument("--budget", type=float, default=480.0, help="seconds before skipping")
   parser.add_argument("--replot", nargs=2, metavar=("JSON", "PNG"),
                       help="only redraw the figure of an earlier run")
@@ -395,7 +396,7 @@ def main():
   budget = _harness.Budget(args.budget)
   results = []
   for name, fn in cases:
-    if args.only and args.only not in name:
+    if args.only and not any(part in name for part in args.only.split("|")):
       continue
     _harness.run_case(results, name, fn, budget)
   payload = {"facts": _harness.device_facts(), "results": results}
