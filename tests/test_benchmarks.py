@@ -75,3 +75,14 @@ def test_es_quality_benchmark_quick(tmp_path):
   assert {r["method"] for r in results} == {"binomial", "evosax"}
   assert not [r for r in results if "error" in r]
   assert (tmp_path / "es_quality.md").exists() and (tmp_path / "es_quality.png").exists()
+
+
+def test_low_rank_benchmark_quick(tmp_path):
+  _run(tmp_path, "bench_low_rank.py", "--check", "--bench", "--quick", "--only",
+       "rank=1 shared=False anti=True|inference|jaxnoise float32 binomial rank=1|"
+       "es step float32 binomial rank=1 sgd")
+  with open(tmp_path / "low_rank.json") as f:
+    results = json.load(f)["results"]
+  assert any(r["case"].startswith("check") and r.get("ok") for r in results)
+  assert any(r.get("fraction_of_inference") for r in results)
+  assert not [r for r in results if "error" in r or "skipped" in r], results
