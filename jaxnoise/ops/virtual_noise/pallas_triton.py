@@ -988,16 +988,13 @@ def low_rank_input_grad(grad_out, weight, seeds, sigma, offset, *, kind, antithe
   XLA does from materialised factors (chunked).
   """
   from jaxnoise.ops.virtual_noise import reference  # pylint: disable=g-import-not-at-top
-  pop, batch, out_features = grad_out.shape
+  _, batch, out_features = grad_out.shape
   in_features = weight.shape[1]
-  if not isinstance(config, config_lib.LowRankLinearConfig):
-    config = None
   config = _low_rank_config(config, batch, out_features, in_features, rank)
   if shared_x or config.materialize or rank > config_lib.MAX_KERNEL_RANK:
     return reference.perturbed_linear_input_grad_reference(
         grad_out, weight, seeds, sigma, offset, kind=kind, antithetic=antithetic,
         shared_x=shared_x, rank=rank, precision=None)
-  del pop
   a_layout, b_layout = _factor_layouts(kind, offset, out_features, in_features, rank)
   grad_out = grad_out.astype(_F32)
   base = jnp.einsum("pbo,ok->pbk", grad_out, weight.astype(_F32))
