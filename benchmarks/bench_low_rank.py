@@ -216,7 +216,7 @@ def _warm_up(data, seconds=2.0):
 
 def _breakdown_case(setup, dtype, kinds, implementation):
   """Where the time goes: the GEMM alone, the noise term alone, the add, the op's HLO."""
-  from jaxnoise.ops.virtual_noise import pallas_triton  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import pallas_triton_low_rank as pallas_triton  # pylint: disable=g-import-not-at-top
   data = setup()
   x, w, seeds = data["x"], data["w"], data["seeds"]
   features = w.shape[0]

@@ -78,6 +78,12 @@ def _kernels():
   return pallas_triton
 
 
+def _low_rank_kernels():
+  """The low-rank Pallas module, imported lazily."""
+  from jaxnoise.ops.virtual_noise import pallas_triton_low_rank  # pylint: disable=g-import-not-at-top
+  return pallas_triton_low_rank
+
+
 def _check_population(seeds, antithetic: bool) -> jax.Array:
   seeds = noise_lib.as_seeds(seeds)
   if antithetic and seeds.shape[0] % 2:
@@ -224,7 +230,7 @@ def _forward(static: _LinearStatic, x, weight, bias, seeds, sigma):
         antithetic=static.antithetic, out_dtype=static.out_dtype, rank=static.rank,
     )
   if static.rank is not None:
-    return _kernels().low_rank_perturbed_linear(
+    return _low_rank_kernels().low_rank_perturbed_linear(
         x, weight, bias, seeds, sigma, static.offset, kind=static.kind,
         antithetic=static.antithetic, out_dtype=static.out_dtype, rank=static.rank,
         config=static.config, interpret=static.implementation == "interpret")
@@ -252,7 +258,7 @@ def _input_grad(static: _LinearStatic, grad_out, weight, seeds, sigma):
         antithetic=static.antithetic, shared_x=static.shared_x, rank=static.rank,
     )
   if static.rank is not None:
-    return _kernels().low_rank_input_grad(
+    return _low_rank_kernels().low_rank_input_grad(
         grad_out, weight, seeds, sigma, static.offset, kind=static.kind,
         antithetic=static.antithetic, shared_x=static.shared_x, rank=static.rank,
         config=static.config, interpret=static.implementation == "interpret")
@@ -456,7 +462,7 @@ def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, 
     return reference.noise_gradient_reference(fitness, seeds, shape, sigma, pop_size, offset,
                                               kind=kind, antithetic=antithetic, rank=rank)
   if rank is not None:
-    return _kernels().low_rank_gradient(
+    return _low_rank_kernels().low_rank_gradient(
         fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
         rank=rank, config=config, interpret=implementation == "interpret")
   if config is None:

@@ -1,0 +1,281 @@
+"""Pallas kernel (GPU Triton backend) of the low-rank perturbed linear.
+
+Individual ``i``'s perturbation of an ``(out, in)`` block is
+``A_i B_i^T / sqrt(r)``. The factor vectors ``a_c = A_i[:, c]`` and
+``b_c = B_i[:, c]`` are the two halves of row ``c`` of an ``(r, out + in)``
+block (:mod:`jaxnoise.noise`, "Low-rank layout"), so each is a contiguous run
+of indices that one row start and a 32-bit delta address, with the noise
+tiles of :mod:`jaxnoise.ops.virtual_noise.pallas_triton`. One kernel serves
+the forward and the input gradient: it contracts an operand ``v_i`` with the
+factor vectors of the "reduced" side, then emits ``sum_c (v_i . f_c) g_c``
+over the other side, one broadcast multiply-add per component and element
+(``r`` is small, so no matrix unit is needed)::
+
+    forward          v = x,        reduced b_c (in),  emitted a_c (out)
+    input gradient   v = grad_out, reduced a_c (out), emitted b_c (in)
+
+The weight-gradient estimate is a GEMM over ``pop * r`` that XLA runs on
+materialised factors (:func:`low_rank_gradient` says why).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from jaxnoise import noise as noise_lib
+from jaxnoise.ops import _pallas
+from jaxnoise.ops.virtual_noise import config as config_lib
+from jaxnoise.ops.virtual_noise import reference
+from jaxnoise.ops.virtual_noise.pallas_triton import NoiseLayout
+from jaxnoise.ops.virtual_noise.pallas_triton import _RowStart
+from jaxnoise.ops.virtual_noise.pallas_triton import _row_start
+from jaxnoise.ops.virtual_noise.pallas_triton import _stream_keys
+from jaxnoise.ops.virtual_noise.pallas_triton import _vector_noise
+from jaxnoise.ops.virtual_noise.pallas_triton import _words
+
+_U32 = jnp.uint32
+_F32 = jnp.float32
+
+
+def _factor_layouts(kind: noise_lib.NoiseKind, offset: int, out_features: int,
+                    in_features: int, rank: int) -> tuple[NoiseLayout, NoiseLayout]:
+  """Layouts of the ``A`` and ``B`` factor vectors: rows ``c``, a row stride of ``out + in``."""
+  width = out_features + in_features
+  return (NoiseLayout.of_block(kind, offset, rank, width),
+          NoiseLayout.of_block(kind, offset + out_features, rank, width))
+
+
+def _factor_run(layout: NoiseLayout, keys, start: _RowStart, col0, n: int) -> jax.Array:
+  """Integer-valued ``q`` of elements ``[col0, col0 + n)`` of one factor vector, ``(1, n)``.
+
+  ``start`` is the vector's row start (``(1, 1)`` arrays). Kinds with 32
+  values per word hash each of the run's words once as a ``(n / 32, 1)``
+  column, spread its bits over ``(n / 32, 32)`` and reshape to ``(1, n)``
+  (``col0`` and ``n`` are multiples of 32); a row that does not start on a
+  word boundary funnel-shifts each word with the next one.
+  """
+  col0 = col0.astype(_U32) if hasattr(col0, "astype") else _U32(col0)
+  kind = layout.kind
+  if kind.values_per_word == 1:
+    delta = col0 + jax.lax.broadcasted_iota(_U32, (1, n), 1)
+    return kind.unscaled(_words(layout, keys, start, delta))
+  n_words = n // 32
+  word_delta = (col0 >> _U32(5)) + jax.lax.broadcasted_iota(_U32, (n_words, 1), 0)
+  words = _words(layout, keys, start, word_delta)
+  if not layout.aligned:
+    following = _words(layout, keys, start, word_delta + _U32(1))
+    lead = start.lane
+    funnel = (words >> lead) | (following << (_U32(32) - lead))
+    words = jnp.where(lead == _U32(0), words, funnel)
+  lanes = jax.lax.broadcasted_iota(_U32, (1, 32), 1)
+  bits = ((words >> lanes) & _U32(1)).astype(jnp.int32)
+  return (1 - 2 * bits).astype(_F32).reshape(1, n)
+
+
+def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *,
+                     reduce_layout: NoiseLayout, emit_layout: NoiseLayout, rank: int,
+                     shared_v: bool, antithetic: bool, batch: int, n_reduce: int, n_emit: int,
+                     bias_offset: int | None, config: config_lib.LowRankLinearConfig):
+  block_batch = config.block_batch
+  block_reduce, block_emit = config.block_reduce, config.block_emit
+  kind = reduce_layout.kind
+  pair = 2 if antithetic else 1
+  n_inputs = 1 if shared_v else pair
+  first = pl.program_id(0) * pair
+  batch0 = pl.program_id(1) * block_batch
+  seed = seeds_ref[first]
+  batch_ok = (batch0 + jax.lax.iota(jnp.int32, block_batch))[:, None] < batch
+
+  def component_streams(layout):
+    starts = [_row_start(layout, jnp.full((1, 1), c, _U32)) for c in range(rank)]
+    if not layout.high_word:
+      keys = _stream_keys(layout, seed, starts[0])
+      return starts, [keys] * rank
+    return starts, [_stream_keys(layout, seed, start) for start in starts]
+
+  reduce_starts, reduce_keys = component_streams(reduce_layout)
+  emit_starts, emit_keys = component_streams(emit_layout)
+
+  def reduce_body(step, accs):
+    col0 = step * block_reduce
+    cols_ok = (col0 + jax.lax.iota(jnp.int32, block_reduce))[None, :] < n_reduce
+    tiles = []
+    for member in range(n_inputs):
+      index = (pl.ds(batch0, block_batch), pl.ds(col0, block_reduce))
+      ref = v_ref.at[index] if shared_v else v_ref.at[(first + member,) + index]
+      tiles.append(_pallas.load(ref, mask=batch_ok & cols_ok, other=0).astype(_F32))
+    new = list(accs)
+    for c in range(rank):
+      factor_q = _factor_run(reduce_layout, reduce_keys[c], reduce_starts[c], col0,
+                             block_reduce)
+      for member in range(n_inputs):
+        new[member * rank + c] += jnp.sum(tiles[member] * factor_q, axis=1, keepdims=True)
+    return tuple(new)
+
+  zeros = tuple(jnp.zeros((block_batch, 1), _F32) for _ in range(n_inputs * rank))
+  accs = jax.lax.fori_loop(0, pl.cdiv(n_reduce, block_reduce), reduce_body, zeros)
+  # Both factors carry the kind's scale; 1 / sqrt(r) keeps unit variance.
+  factor = sigma_ref[0] * _F32(kind.scale * kind.scale / (rank ** 0.5))
+
+  def emit_body(step, carry):
+    col0 = step * block_emit
+    cols = col0 + jax.lax.iota(jnp.int32, block_emit)
+    out_ok = batch_ok & (cols[None, :] < n_emit)
+    terms = [jnp.zeros((block_batch, block_emit), _F32) for _ in range(n_inputs)]
+    for c in range(rank):
+      factor_q = _factor_run(emit_layout, emit_keys[c], emit_starts[c], col0, block_emit)
+      for member in range(n_inputs):
+        terms[member] = terms[member] + accs[member * rank + c] * factor_q
+    bias_noise = 0.0
+    if bias_offset is not None:
+      bias_noise = sigma_ref[0] * _F32(kind.scale) * _vector_noise(
+          kind, seed, bias_offset, cols, n_emit)[None, :]
+    offset_term = 0.0
+    if bias_ref is not None:
+      offset_term = _pallas.load(bias_ref.at[pl.ds(col0, block_emit)],
+                                 mask=cols < n_emit, other=0)[None, :]
+    index = (pl.ds(batch0, block_batch), pl.ds(col0, block_emit))
+    bases = [0.0] * pair
+    if base_ref is not None and len(base_ref.shape) == 2:
+      bases = [_pallas.load(base_ref.at[index], mask=out_ok, other=0)] * pair
+    elif base_ref is not None:
+      bases = [_pallas.load(base_ref.at[(first + member,) + index], mask=out_ok, other=0)
+               for member in range(pair)]
+    for member in range(pair):
+      sign = 1.0 - 2.0 * member
+      value = (offset_term + bases[member]
+               + sign * (factor * terms[member % n_inputs] + bias_noise))
+      index = (first + member, pl.ds(batch0, block_batch), pl.ds(col0, block_emit))
+      _pallas.store(out_ref.at[index], value.astype(out_ref.dtype), mask=out_ok)
+    return carry
+
+  jax.lax.fori_loop(0, pl.cdiv(n_emit, block_emit), emit_body, 0)
+
+
+def _low_rank_term(v, seeds, sigma, *, base, bias, reduce_layout, emit_layout, rank, antithetic,
+                   n_emit, bias_offset, out_dtype, config, interpret, name):
+  """``(pop, batch, n_emit)``: ``base + bias + sigma s_i [(v_i F_i) G_i^T / sqrt(r) + noise]``.
+
+  ``base`` is None, ``(batch, n_emit)`` (shared) or ``(pop, batch, n_emit)``.
+  """
+  pop = seeds.shape[0]
+  shared_v = v.ndim == 2
+  batch, n_reduce = v.shape[-2:]
+  kernel = functools.partial(
+      _low_rank_kernel, reduce_layout=reduce_layout, emit_layout=emit_layout, rank=rank,
+      shared_v=shared_v, antithetic=antithetic, batch=batch, n_reduce=n_reduce, n_emit=n_emit,
+      bias_offset=bias_offset, config=config)
+  operands = [v, base, bias, seeds, jnp.reshape(sigma, (1,)).astype(_F32)]
+  present = [operand is not None for operand in operands]
+
+  def body(*refs):
+    refs = iter(refs)
+    args = [next(refs) if here else None for here in present]
+    kernel(*args, next(refs))
+
+  call = _pallas.pallas_call(
+      body,
+      out_shape=jax.ShapeDtypeStruct((pop, batch, n_emit), out_dtype),
+      grid=(pop // 2 if antithetic else pop, pl.cdiv(batch, config.block_batch)),
+      interpret=interpret,
+      compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
+      name=name,
+  )
+  return call(*[operand for operand in operands if operand is not None])
+
+
+def _low_rank_config(config, batch: int, n_reduce: int, n_emit: int, rank: int):
+  if config is None:
+    return config_lib.low_rank_linear_heuristics(batch, n_reduce, n_emit, rank).validate()
+  if not isinstance(config, config_lib.LowRankLinearConfig):
+    raise TypeError(f"config of a low-rank op must be a LowRankLinearConfig or None, got "
+                    f"{type(config).__name__}")
+  return config.validate()
+
+
+def low_rank_perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, antithetic,
+                              out_dtype, rank, config=None, interpret=False):
+  """Kernel path of :func:`jaxnoise.virtual_perturbed_linear` with ``rank`` (validated).
+
+  The unperturbed GEMM ``x W^T`` is XLA's. With shared x the kernel adds its
+  ``(batch, out)`` result to every individual; with per-individual x the
+  kernel writes the noise term (bias included) and XLA adds it to the GEMM
+  output (which it can fuse into the GEMM's epilogue), or, with
+  ``config.fuse_base``, the kernel reads the GEMM's output and writes the sum.
+  """
+  out_features, in_features = weight.shape
+  batch = x.shape[-2]
+  config = _low_rank_config(config, batch, in_features, out_features, rank)
+  bias_offset = offset + noise_lib.noise_block_size(weight.shape, rank)
+  if config.materialize or rank > config_lib.MAX_KERNEL_RANK:
+      return reference.perturbed_linear_reference(
+        x, weight, bias, seeds, sigma, offset, kind=kind, antithetic=antithetic,
+        out_dtype=out_dtype, rank=rank, precision=None)
+  a_layout, b_layout = _factor_layouts(kind, offset, out_features, in_features, rank)
+  # A 16-bit output takes 16-bit partial results: XLA's GEMM writes that dtype anyway.
+  term_dtype = out_dtype if jnp.dtype(out_dtype).itemsize == 2 else _F32
+  w = weight.astype(x.dtype) if x.dtype != weight.dtype else weight
+  base = jnp.einsum("...bk,ok->...bo", x, w, preferred_element_type=term_dtype)
+  bias32 = None if bias is None else bias.astype(_F32)
+  common = dict(reduce_layout=b_layout, emit_layout=a_layout, rank=rank, antithetic=antithetic,
+                n_emit=out_features, bias_offset=None if bias is None else bias_offset,
+                config=config, interpret=interpret, name="virtual_low_rank_linear")
+  if x.ndim == 2 or config.fuse_base:
+    return _low_rank_term(x, seeds, sigma, base=base, bias=bias32, out_dtype=out_dtype,
+                          **common)
+  term = _low_rank_term(x, seeds, sigma, base=None, bias=bias32, out_dtype=term_dtype, **common)
+  return (base + term).astype(out_dtype)
+
+
+def low_rank_input_grad(grad_out, weight, seeds, sigma, offset, *, kind, antithetic, shared_x,
+                        rank, config=None, interpret=False):
+  """``dX[i] = G[i] (W + sigma s_i A_i B_i^T / sqrt(r))``, summed over ``i`` for shared x.
+
+  Per-individual x runs the low-rank kernel with the roles of the factors
+  swapped; shared x sums over the population, a GEMM over ``pop * r`` that
+  XLA does from materialised factors (chunked).
+  """
+  _, batch, out_features = grad_out.shape
+  in_features = weight.shape[1]
+  config = _low_rank_config(config, batch, out_features, in_features, rank)
+  if shared_x or config.materialize or rank > config_lib.MAX_KERNEL_RANK:
+    return reference.perturbed_linear_input_grad_reference(
+        grad_out, weight, seeds, sigma, offset, kind=kind, antithetic=antithetic,
+        shared_x=shared_x, rank=rank, precision=None)
+  a_layout, b_layout = _factor_layouts(kind, offset, out_features, in_features, rank)
+  grad_out = grad_out.astype(_F32)
+  base = jnp.einsum("pbo,ok->pbk", grad_out, weight.astype(_F32))
+  term = _low_rank_term(grad_out, seeds, sigma, base=None, bias=None, reduce_layout=a_layout,
+                        emit_layout=b_layout, rank=rank, antithetic=antithetic,
+                        n_emit=in_features, bias_offset=None, out_dtype=_F32, config=config,
+                        interpret=interpret, name="virtual_low_rank_input_grad")
+  return base + term
+
+
+def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic, rank,
+                      config=None, interpret=False):
+  """GPU path of the low-rank weight-gradient estimate: factors, then one GEMM per chunk.
+
+  A Pallas GEMM that generated the factors per output tile would hash each
+  factor value once per tile of the other side: with 128-wide tiles that is
+  ``pop * r * out * in / 64`` hashes against ``2 * pop * r * out * in`` GEMM
+  flops, several times the GEMM's own time on an H200. Materialising the
+  ``pop * (out + in) * r`` factor values (hashed once) and handing the GEMM to
+  XLA is cheaper; ``interpret`` runs the same XLA program.
+  """
+  del interpret
+  if config is None:
+    config = config_lib.LowRankGradientConfig()
+  if not isinstance(config, config_lib.LowRankGradientConfig):
+    raise TypeError(f"config of a low-rank gradient must be a LowRankGradientConfig or None, "
+                    f"got {type(config).__name__}")
+  config = config.validate()
+  precision = None if config.tf32 else jax.lax.Precision.HIGHEST
+  return reference.low_rank_gradient(
+      fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
+      rank=rank, chunk_size=config.chunk, precision=precision,
+      operand_dtype=jnp.dtype(config.operand_dtype))
