@@ -20,6 +20,7 @@ from jaxnoise.ops import _pallas
 from jaxnoise.ops import autotune
 from jaxnoise.ops.virtual_noise import config as config_lib
 from jaxnoise.ops.virtual_noise import pallas_triton
+from jaxnoise.ops.virtual_noise import pallas_triton_low_rank
 from jaxnoise.ops.virtual_noise import tuning
 
 KINDS = ("uniform", "rademacher", "normal", "binomial")
@@ -358,6 +359,19 @@ def test_kernels_lower_to_triton():
             pallas_triton.reduce_metric, offset=offset, kind=kind, antithetic=True,
             config=config_lib.reduce_metric_individuals_heuristics(5003, 32)),
             dict(center=spec((5003,), jnp.float32), seeds=seeds, sigma=sigma)))
+      for shared in (True, False):  # the low-rank kernel, forward and input gradient
+        x = spec((7, 70) if shared else (64, 7, 70), jnp.bfloat16)
+        cases.append((f"low-rank linear {kind_name} {offset} shared={shared}",
+                      functools.partial(pallas_triton_low_rank.low_rank_perturbed_linear,
+                                        offset=offset, kind=kind, antithetic=True,
+                                        out_dtype=jnp.bfloat16, rank=3),
+                      dict(x=x, weight=spec((37, 70), jnp.bfloat16),
+                           bias=spec((37,), jnp.float32), seeds=seeds, sigma=sigma)))
+      cases.append((f"low-rank input grad {kind_name} {offset}", functools.partial(
+          pallas_triton_low_rank.low_rank_input_grad, offset=offset, kind=kind,
+          antithetic=False, shared_x=False, rank=2),
+          dict(grad_out=spec((64, 7, 37), jnp.float32), weight=spec((37, 70), jnp.float32),
+               seeds=seeds, sigma=sigma)))
   for name, fn, kwargs in cases:
     text = jax.jit(lambda kw, fn=fn: fn(**kw)).trace(kwargs).lower(
         lowering_platforms=("cuda",)).as_text()
