@@ -621,14 +621,25 @@ def low_rank_factors(
   check_block_end(offset, noise_block_size((out_features, in_features), rank), "shape")
   if antithetic:
     _check_even(seeds.shape[0])
-  width = out_features + in_features
-  hi, lo = block_index(offset, (rank, width))
-  high = not fits_32_bits(kind, offset, rank * width)
-  seed_b = pair_seeds(seeds, antithetic)[:, None, None]
-  values = noise_at(seed_b, hi[None], lo[None], kind, high_word=high)  # (pop, r, out + in)
+  values = factor_block_noise(pair_seeds(seeds, antithetic), offset,
+                              (out_features, in_features), rank, kind)
   values = jnp.swapaxes(values, 1, 2)
   signs = antithetic_signs(seeds.shape[0], antithetic)[:, None, None]
   return values[:, :out_features] * signs, values[:, out_features:]
+
+
+def factor_block_noise(seeds: jax.Array, offset: int, shape: tuple[int, int], rank: int,
+                       kind: NoiseKind) -> jax.Array:
+  """The ``(pop, r, out + in)`` factor block of a low-rank ``(out, in)`` block, unsigned.
+
+  Row ``c`` of individual ``i`` is ``[A_i[:, c], B_i[:, c]]`` (see "Low-rank
+  layout"); ``seeds`` are validated uint32 and ``kind`` a :class:`NoiseKind`.
+  The one construction behind :func:`low_rank_factors` and the reference ops.
+  """
+  width = shape[0] + shape[1]
+  hi, lo = block_index(offset, (rank, width))
+  high = not fits_32_bits(kind, offset, rank * width)
+  return noise_at(seeds[:, None, None], hi[None], lo[None], kind, high_word=high)
 
 
 def check_rank(rank: Any, name: str = "rank") -> int | None:

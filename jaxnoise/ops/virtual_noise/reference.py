@@ -76,13 +76,9 @@ def _weight_noise(seeds, offset, weight_shape, kind):
 
 def _low_rank_factors(seeds, offset, weight_shape, rank, kind):
   """``(c, out, r)`` and ``(c, in, r)`` factors (unsigned) for a chunk of seeds ``(c,)``."""
-  out_features, in_features = weight_shape
-  width = out_features + in_features
-  hi, lo = noise_lib.block_index(offset, (rank, width))
-  high = not noise_lib.fits_32_bits(kind, offset, rank * width)
-  values = noise_lib.noise_at(seeds[:, None, None], hi[None], lo[None], kind, high_word=high)
-  values = jnp.swapaxes(values, 1, 2)
-  return values[:, :out_features], values[:, out_features:]
+  values = jnp.swapaxes(noise_lib.factor_block_noise(seeds, offset, weight_shape, rank, kind),
+                        1, 2)
+  return values[:, :weight_shape[0]], values[:, weight_shape[0]:]
 
 
 def low_rank_bias_offset(offset: int, weight_shape, rank: int | None) -> int:
@@ -322,12 +318,9 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
   scale = jnp.float32(1.0 / math.sqrt(rank)) / (jnp.float32(pop_size)
                                                    * jnp.asarray(sigma, jnp.float32))
   weights = weights * scale
-  hi, lo = noise_lib.block_index(offset, (rank, width))
-  high = not noise_lib.fits_32_bits(kind, offset, rank * width)
 
   def partial(f_c, seed_c):
-    factors = noise_lib.noise_at(seed_c[:, None, None], hi[None], lo[None], kind,
-                                 high_word=high)  # (c, r, out + in)
+    factors = noise_lib.factor_block_noise(seed_c, offset, shape, rank, kind)  # (c, r, out + in)
     a = (factors[..., row0:row0 + n_rows] * f_c[:, None, None]).astype(operand_dtype)
     b = factors[..., out_features:].astype(operand_dtype)
     return jax.lax.dot_general(
