@@ -26,3 +26,12 @@ def check_population_and_counts(parser: argparse.ArgumentParser, args: argparse.
   for option in counts:
     if getattr(args, option) < 1:
       parser.error(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
+
+
+def optional_tqdm():
+  """``tqdm.tqdm``, or None without it (it is in the "examples" extra; then plain prints)."""
+  try:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return tqdm

@@ -175,10 +175,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   args = parse_args(argv)
-  try:
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  except ImportError:  # tqdm is in the "examples" extra; without it, plain prints.
-    tqdm = None
+  tqdm = _cli.optional_tqdm()
 
   task = TASKS[args.env]
   env, env_params = make_env(task)

@@ -218,10 +218,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   args = parse_args(argv)
-  try:
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  except ImportError:  # tqdm is in the "examples" extra; without it, plain prints.
-    tqdm = None
+  tqdm = _cli.optional_tqdm()
 
   (x_train, y_train), (x_test, y_test) = load_digits_split(args.seed)
   model = make_model(args.hidden, args.seed)
