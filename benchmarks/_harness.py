@@ -114,3 +114,33 @@ def table(rows: list[dict], columns: list[str]) -> str:
   lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in grid]
   lines.insert(1, "  ".join("-" * w for w in widths))
   return "\n".join(lines)
+
+
+def device_busy(fn: Callable, *args, calls: int = 20) -> dict[str, Any] | None:
+  """Device time per call of a jitted ``fn``: the sum of its kernels' durations.
+
+  Kernel activity comes from CUPTI through ``torch.profiler`` (which records
+  every kernel of the process, JAX's included), so host dispatch and launch
+  gaps are left out: ``busy_ms`` is what the GPU spends per call, and
+  ``kernels`` splits it by kernel name (ms per call). Returns None where
+  PyTorch with CUDA is not installed (no GPU, or the CPU machine).
+  """
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    from torch.profiler import ProfilerActivity, profile  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  if not torch.cuda.is_available() or jax.default_backend() != "gpu":
+    return None
+  jax.block_until_ready(fn(*args))
+  with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    for _ in range(calls):
+      jax.block_until_ready(fn(*args))
+  kernels: dict[str, float] = {}
+  for event in prof.events():
+    if str(getattr(event, "device_type", "")).endswith("CUDA") and event.device_time > 0:
+      name = event.name[:60]
+      kernels[name] = kernels.get(name, 0.0) + event.device_time / 1e3 / calls
+  if not kernels:
+    return None
+  return {"busy_ms": sum(kernels.values()), "kernels": kernels}

@@ -163,8 +163,14 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
                                                    data["x"], w_t, repeats=20)
       seconds = min(times.values())
       data["inference_s"] = seconds
+      busy = {name: _harness.device_busy(fn, data["x"], data["w"])
+              for name, fn in forms.items()}
+      busy = {name: b["busy_ms"] for name, b in busy.items() if b}
+      if busy:
+        data["inference_busy_ms"] = min(busy.values())
       return {"ms": seconds * 1e3, "dtype": str(dtype), "variant": "inference",
-              "forms_ms": {k: v * 1e3 for k, v in times.items()}}
+              "forms_ms": {k: v * 1e3 for k, v in times.items()}, "forms_busy_ms": busy,
+              "busy_ms": data.get("inference_busy_ms")}
 
     cases.append((f"inference {dtype_name}", inference))
     cases.append((f"breakdown {dtype_name}", functools.partial(_breakdown_case, setup, dtype,
@@ -256,6 +262,20 @@ def _fraction(data, seconds):
   return data["inference_s"] / seconds if "inference_s" in data else None
 
 
+def _busy(data, fn, *args, floor_ms=None, top=0):
+  """Device busy time (CUPTI) of ``fn`` and its fraction of the floor's, where measurable."""
+  busy = _harness.device_busy(fn, *args)
+  if not busy:
+    return {}
+  floor_ms = floor_ms if floor_ms is not None else data.get("inference_busy_ms")
+  record = {"busy_ms": busy["busy_ms"],
+            "busy_fraction_of_inference": floor_ms / busy["busy_ms"] if floor_ms else None}
+  if top:
+    kernels = sorted(busy["kernels"].items(), key=lambda kv: -kv[1])[:top]
+    record["busy_kernels_ms"] = dict(kernels)
+  return record
+
+
 def _eggroll_case(eggroll, setup, rank, dtype):
   data = setup()
   frozen, noiser = eggroll.init_noiser({"w": data["w"]}, 0.01, 1e-3, rank=rank)
@@ -266,9 +286,11 @@ def _eggroll_case(eggroll, setup, rank, dtype):
       return eggroll.do_mm(frozen, noiser, w, key, (0, thread), x_i)
     return jax.vmap(one)(x[:, 0], jnp.arange(x.shape[0]))
 
-  seconds = _harness.median_time(jax.jit(forward), data["x"], data["w"], repeats=20)
+  forward = jax.jit(forward)
+  seconds = _harness.median_time(forward, data["x"], data["w"], repeats=20)
   return {"ms": seconds * 1e3, "fraction_of_inference": _fraction(data, seconds),
-          "rank": rank, "dtype": str(dtype), "variant": "eggroll"}
+          "rank": rank, "dtype": str(dtype), "variant": "eggroll",
+          **_busy(data, forward, data["x"], data["w"])}
 
 
 def _jaxnoise_case(setup, rank, kind, dtype, materialize, implementation, config=None):
@@ -284,7 +306,8 @@ def _jaxnoise_case(setup, rank, kind, dtype, materialize, implementation, config
   seconds = _harness.median_time(fn, data["x"], data["w"], data["seeds"], repeats=20)
   return {"ms": seconds * 1e3, "fraction_of_inference": _fraction(data, seconds), "rank": rank,
           "kind": kind, "dtype": str(dtype),
-          "variant": "materialized" if materialize else "kernel", "config": str(config)}
+          "variant": "materialized" if materialize else "kernel", "config": str(config),
+          **_busy(data, fn, data["x"], data["w"], data["seeds"], top=4)}
 
 
 def _step_case(setup, rank, kind, dtype, optimizer_name, implementation, operand_dtype):
@@ -320,9 +343,12 @@ def _step_case(setup, rank, kind, dtype, optimizer_name, implementation, operand
 
   seconds = _harness.median_time(run, data["x"], data["seeds"], repeats=10)
   gemm = data.get("inference_s")
+  busy = _busy(data, run, data["x"], data["seeds"], top=8)
+  if busy and data.get("inference_busy_ms"):
+    busy["busy_ratio_to_inference_plus_gemm"] = busy["busy_ms"] / (2 * data["inference_busy_ms"])
   return {"ms": seconds * 1e3, "rank": rank, "kind": kind, "dtype": str(dtype),
           "optimizer": optimizer_name, "variant": "es_step", "operand_dtype": operand_dtype,
-          "ratio_to_inference_plus_gemm": seconds / (2 * gemm) if gemm else None}
+          "ratio_to_inference_plus_gemm": seconds / (2 * gemm) if gemm else None, **busy}
 
 
 def plot(results, path):
@@ -404,7 +430,9 @@ def main():
   bench_rows = [r for r in results if "ms" in r]
   if bench_rows:
     print(_harness.table(bench_rows, ["case", "ms", "fraction_of_inference",
-                                      "ratio_to_inference_plus_gemm"]))
+                                      "ratio_to_inference_plus_gemm", "busy_ms",
+                                      "busy_fraction_of_inference",
+                                      "busy_ratio_to_inference_plus_gemm"]))
     plot(results, os.path.join(args.out, "low_rank.png"))
   failed = [r for r in results if "error" in r]
   print(f"{len(results)} cases, {len(failed)} errors")

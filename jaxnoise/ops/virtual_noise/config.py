@@ -304,23 +304,25 @@ MAX_KERNEL_RANK = 16
 
 def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int,
                                rank: int) -> LowRankLinearConfig:
-  """Register tiles of 2048 elements at rank 1 and 1024 above, the batch up to 16 rows.
+  """Register tiles of 4096 elements, the batch up to 16 rows; 8 warps above rank 1.
 
-  From the H200 sweeps at 1024 members x (8192, 8192), one row each
-  (benchmarks/RESULTS.md, 2026-11-30, runs 1 and 2): at rank 1, 2048-wide
-  steps were fastest in bf16 and f32 (0.225-0.236 ms in bf16); at rank 4,
-  1024-wide steps with 4 warps and 2 stages (0.258 ms in bf16) beat 2048 and
-  4096 with 4 warps (0.38-0.48 ms). Reading the GEMM's output in the kernel
-  (``fuse_base``) was faster than XLA's separate add in 13 of 16 paired
-  configs. Run-to-run spread was about 10%.
+  From the H200 sweep of device time (CUPTI kernel durations, no host
+  dispatch) at 1024 members x (8192, 8192), one row each
+  (benchmarks/RESULTS.md, 2026-11-30 session 4, ``tune_low_rank.py``):
+  4096-wide steps were fastest in all four cases (bf16 / f32, ranks 1 and
+  4), ahead of 2048 (the previous default) by 1-2% of the floor; 8 warps
+  helped at rank 4 (2-3%) and made no difference at rank 1; a second or
+  third pipeline stage made no difference. Reading the GEMM's output in the
+  kernel (``fuse_base``) was faster than XLA's separate add in 13 of 16
+  paired configs of an earlier sweep.
   """
   block_batch = min(16, next_pow2(batch))
-  width = max(32, (2048 if rank == 1 else 1024) // block_batch)
+  width = max(32, 4096 // block_batch)
   block_reduce = min(width, max(32, next_pow2(n_reduce)))
   block_emit = min(width, max(32, next_pow2(n_emit)))
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
-                             block_emit=block_emit, num_warps=4,
-                             num_stages=1 if rank == 1 else 2,
+                             block_emit=block_emit, num_warps=4 if rank == 1 else 8,
+                             num_stages=1,
                              materialize=rank > MAX_KERNEL_RANK, fuse_base=True)
 
 
