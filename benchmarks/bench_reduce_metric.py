@@ -5,7 +5,13 @@ kind: the pure-JAX path under XLA (jitted reference), the heuristic
 ``"rows"`` config (the old default), and the ``"individuals"`` layout with a
 few tilings. Every kernel config is compared with the reference first
 (largest relative deviation; above 1e-5 it is excluded, not timed). Medians
-of 10 timed groups after warm-up.
+of 10 timed groups after warm-up, and device busy time (CUPTI kernel
+durations, ``_harness.device_busy``) where PyTorch can record it.
+
+Two pure-JAX formulations: the library's reference (a chunked ``lax.map``
+over individuals) and ``vmap`` over individuals of one hash-abs-mean
+(``bench_virtual_noise.py``'s, which XLA compiles to one reduction fusion).
+Speedups are against the faster of the two.
 
     python benchmarks/bench_reduce_metric.py            # GPU; JSON under $OUT
     python benchmarks/bench_reduce_metric.py --quick    # CPU, interpret mode
@@ -31,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
 import jaxnoise  # noqa: E402
+from jaxnoise import noise as noise_lib  # noqa: E402
 from jaxnoise.ops.virtual_noise import config as config_lib  # noqa: E402
 
 SHAPES = ((65536, 4096), (1024, 1 << 20), (3000, 3_000_000))
@@ -58,10 +65,21 @@ def bench_shape(pop, n_params, kind, *, implementation, offset, repeats):
   op = functools.partial(jaxnoise.virtual_reduce_metric, sigma=0.1, offset=offset, kind=kind)
   reference = jax.jit(functools.partial(op, implementation="reference"))
   expected = np.asarray(reference(center, seeds), np.float64)
-  pure_jax = _harness.median_time(reference, center, seeds, repeats=repeats)
+  vmapped = jax.jit(functools.partial(_vmapped_pure_jax, sigma=0.1, offset=offset, kind=kind))
+  baselines = {"reference (lax.map)": reference, "vmap (one fusion)": vmapped}
+  walls, busys = {}, {}
+  for name, fn in baselines.items():
+    walls[name] = _harness.median_time(fn, center, seeds, repeats=repeats)
+    busy = _harness.device_busy(fn, center, seeds)
+    if busy:
+      busys[name] = busy["busy_ms"] / 1e3
+  pure_jax = min(walls.values())
+  pure_busy = min(busys.values()) if busys else None
   values = pop * n_params
   result = {"pop": pop, "n_params": n_params, "kind": kind, "offset": offset,
-            "pure_jax_s": pure_jax, "pure_jax_values_per_s": values / pure_jax, "configs": {}}
+            "pure_jax_s": pure_jax, "pure_jax_values_per_s": values / pure_jax,
+            "pure_jax_forms_s": walls, "pure_jax_forms_busy_s": busys,
+            "pure_jax_busy_s": pure_busy, "configs": {}}
   for name, config in configs(pop, n_params, kind).items():
     entry = {"config": repr(config)}
     try:
@@ -77,20 +95,40 @@ def bench_shape(pop, n_params, kind, *, implementation, offset, repeats):
         seconds = _harness.median_time(fn, center, seeds, repeats=repeats)
         entry.update(seconds=seconds, values_per_s=values / seconds,
                      speedup_vs_pure_jax=pure_jax / seconds)
+        busy = _harness.device_busy(fn, center, seeds)
+        if busy and pure_busy:
+          entry.update(busy_s=busy["busy_ms"] / 1e3,
+                       busy_speedup_vs_pure_jax=pure_busy * 1e3 / busy["busy_ms"])
     except Exception as error:  # pylint: disable=broad-except
       entry["error"] = f"{type(error).__name__}: {str(error)[:300]}"
     result["configs"][name] = entry
     line = (f"  {name:<24} {entry['seconds'] * 1e3:8.3f} ms  {entry['speedup_vs_pure_jax']:5.2f}x "
-            f"pure JAX  dev {entry['deviation']:.1e}" if "seconds" in entry else
+            f"pure JAX  busy {entry.get('busy_s', float('nan')) * 1e3:8.3f} ms "
+            f"{entry.get('busy_speedup_vs_pure_jax', float('nan')):5.2f}x  "
+            f"dev {entry['deviation']:.1e}" if "seconds" in entry else
             f"  {name:<24} {entry.get('error') or 'excluded, deviation %.3g' % entry['deviation']}")
     print(line, flush=True)
   return result
 
 
+def _vmapped_pure_jax(center, seeds, *, sigma, offset, kind):
+  """``mean_k |center[k] + sigma noise_i[k]|`` by ``vmap`` over individuals (one fusion)."""
+  kind = noise_lib.get_kind(kind)
+  n = center.shape[0]
+  hi, lo = noise_lib.block_index(offset, (n,))
+  high = not noise_lib.fits_32_bits(kind, offset, n)
+
+  def individual(seed):
+    noise = noise_lib.noise_at(seed, hi, lo, kind, high_word=high)
+    return jnp.mean(jnp.abs(center + sigma * noise))
+
+  return jax.vmap(individual)(seeds)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true")
-  parser.add_argument("--kinds", default="uniform,normal")
+  parser.add_argument("--kinds", default="binomial,uniform")
   parser.add_argument("--offset", type=int, default=0)
   args = parser.parse_args(argv)
   implementation = "interpret" if args.quick else "pallas"
@@ -105,7 +143,10 @@ def main(argv=None):
       print(f"reduce-metric {kind} pop {pop} x {n_params} (offset {args.offset})", flush=True)
       results.append(bench_shape(pop, n_params, kind, implementation=implementation,
                                  offset=args.offset, repeats=repeats))
-      print(f"  {'pure JAX (XLA)':<24} {results[-1]['pure_jax_s'] * 1e3:8.3f} ms", flush=True)
+      for form, seconds in results[-1]["pure_jax_forms_s"].items():
+        busy = results[-1]["pure_jax_forms_busy_s"].get(form, float("nan"))
+        print(f"  pure JAX {form:<22} {seconds * 1e3:8.3f} ms  busy {busy * 1e3:8.3f} ms",
+              flush=True)
   out_dir.mkdir(parents=True, exist_ok=True)
   path = out_dir / "bench_reduce_metric.json"
   path.write_text(json.dumps({"environment": _harness.device_facts(), "cases": results}, indent=2,
