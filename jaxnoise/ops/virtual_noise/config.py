@@ -60,7 +60,7 @@ class PerturbedLinearConfig:
     transposed_noise: the forward builds its noise tile as ``(block_in,
       block_out)``, the operand ``x @ N^T`` consumes, so the kernel has no
       transpose (same bits). False builds ``(block_out, block_in)`` and
-      transposes it, which XLA's Triton pipeline (jax 0.11) compiles in time
+      transposes it, which XLA's Triton pipeline (jax 0.10, 0.11) compiles in time
       exponential in the depth of the hash: its transpose folding pushes the
       transpose up through every elementwise op and copies each shared
       subexpression once per use (issue 14: 10 s to minutes once word indices

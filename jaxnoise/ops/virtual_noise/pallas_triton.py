@@ -20,6 +20,11 @@ and bit; rows that do not start on a word boundary (``in`` or ``offset`` not
 a multiple of 32) take each element's bit from one of two neighbouring
 words. Where the noise only flips a sign (gradient, reduce-metric), the bit
 is xor-ed into the float's sign bit instead of building +-1 and multiplying.
+
+No kernel transposes a noise tile: the forward's ``x @ N^T`` builds ``N^T``
+directly. XLA's Triton pipeline pushes a transpose up through every
+elementwise op, copying each shared subexpression once per use, which over
+the hash made compile times exponential in its depth (issue 14).
 """
 
 from __future__ import annotations
