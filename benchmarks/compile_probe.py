@@ -5,11 +5,15 @@
 For each case (op, kind, offset, config) it times, in one process with no
 compilation cache:
 
-* ``lower``: tracing and lowering (on jaxlib > 0.10.2 this includes the
-  Triton compile of each kernel, which happens at lowering time);
+* ``lower``: tracing and lowering to StableHLO (each kernel's Triton IR rides
+  in a ``__gpu$xla.gpu.triton`` custom call);
 * ``triton``: each kernel's Triton IR -> PTX alone, through jaxlib's Triton
-  compilation handler (the same pipeline XLA uses), when it has one;
-* ``compile``: XLA's compile of the lowered module;
+  compilation handler, when it has one (jax 0.10's plugins do, 0.11's do not).
+  It runs Triton's passes but not XLA's Triton pipeline, so it misses what
+  that pipeline costs (issue 14's slow pass, ``benchmarks/compile_offline.py``);
+* ``compile``: XLA's compile of the lowered module, which runs each kernel
+  through XLA's Triton pipeline, LLVM and ptxas (``compile_bisect.py`` splits
+  it into XLA's stage timers);
 * ``first_call``: the first execution (loads the PTX: the driver's JIT).
 
 Cases whose total passes 5 s have their Triton IR written next to the JSON

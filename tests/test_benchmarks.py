@@ -86,3 +86,17 @@ def test_low_rank_benchmark_quick(tmp_path):
   assert any(r["case"].startswith("check") and r.get("ok") for r in results)
   assert any(r.get("fraction_of_inference") for r in results)
   assert not [r for r in results if "error" in r or "skipped" in r], results
+
+
+def test_compile_bisect_lowers_its_cases(tmp_path):
+  """The GPU compile-time bisection (issue 14) runs its subprocess cases; here lowering only."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", OUT=str(tmp_path))
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "compile_bisect.py"), "--lower-only",
+       "--only", "fwd uniform 2^32+5 old,fwd normal 2^32+5 new"],
+      capture_output=True, text=True, env=env, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(tmp_path / "compile_bisect.json") as f:
+    cases = json.load(f)["cases"]
+  assert set(cases) == {"fwd uniform 2^32+5 old", "fwd normal 2^32+5 new"}
+  assert all("lower_s" in entry for entry in cases.values()), cases

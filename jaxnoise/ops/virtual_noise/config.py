@@ -57,6 +57,14 @@ class PerturbedLinearConfig:
       the device's shared memory (:func:`jaxnoise.ops._pallas.choose_num_stages`).
     tf32: float32 inputs use TF32 matrix units (like ``jnp.dot``'s default
       precision on GPU); False gives full float32 (IEEE) products.
+    transposed_noise: the forward builds its noise tile as ``(block_in,
+      block_out)``, the operand ``x @ N^T`` consumes, so the kernel has no
+      transpose (same bits). False builds ``(block_out, block_in)`` and
+      transposes it, which XLA's Triton pipeline (jax 0.10, 0.11) compiles in time
+      exponential in the depth of the hash: its transpose folding pushes the
+      transpose up through every elementwise op and copies each shared
+      subexpression once per use (issue 14: 10 s to minutes once word indices
+      pass 2**32). Kept for comparisons; the input gradient has no transpose.
   """
 
   block_batch: int = 64
@@ -65,6 +73,7 @@ class PerturbedLinearConfig:
   num_warps: int = 4
   num_stages: int | None = None
   tf32: bool = True
+  transposed_noise: bool = True
 
   def validate(self) -> "PerturbedLinearConfig":
     _check_pow2(self, "block_batch", "block_out", minimum=16)

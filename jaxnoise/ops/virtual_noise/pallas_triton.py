@@ -20,6 +20,11 @@ and bit; rows that do not start on a word boundary (``in`` or ``offset`` not
 a multiple of 32) take each element's bit from one of two neighbouring
 words. Where the noise only flips a sign (gradient, reduce-metric), the bit
 is xor-ed into the float's sign bit instead of building +-1 and multiplying.
+
+No kernel transposes a noise tile: the forward's ``x @ N^T`` builds ``N^T``
+directly. XLA's Triton pipeline pushes a transpose up through every
+elementwise op, copying each shared subexpression once per use, which over
+the hash made compile times exponential in its depth (issue 14).
 """
 
 from __future__ import annotations
@@ -114,7 +119,10 @@ def _stream_keys(layout: NoiseLayout, seed: jax.Array, start: _RowStart):
 
 
 def _words(layout: NoiseLayout, keys, start: _RowStart, delta: jax.Array) -> jax.Array:
-  """Hash words at word index ``row start + delta`` (rows ``(R, 1)``, ``delta`` ``(1, C)``).
+  """Hash words at word index ``row start + delta``, broadcast to a tile.
+
+  Rows ``(R, 1)`` and ``delta`` ``(1, C)`` give an ``(R, C)`` tile; rows
+  ``(1, R)`` and ``delta`` ``(C, 1)`` give its transpose ``(C, R)``.
 
   Without a high word the stream is the same for the whole tile, and
   ``(lo_row + delta) * m + c == delta * m + (lo_row * m + c)`` (mod 2**32):
@@ -172,8 +180,15 @@ def _signs(sign_bits: jax.Array, dtype) -> jax.Array:
   return jax.lax.bitcast_convert_type(pattern.astype(int_dtype), dtype)
 
 
+def _columns(n_cols: int, transposed: bool) -> jax.Array:
+  """uint32 iota over a tile's columns: ``(1, n_cols)``, or ``(n_cols, 1)`` when transposed."""
+  if transposed:
+    return jax.lax.broadcasted_iota(_U32, (n_cols, 1), 0)
+  return jax.lax.broadcasted_iota(_U32, (1, n_cols), 1)
+
+
 def noise_tile(layout: NoiseLayout, keys, start: _RowStart, col0, n_rows: int, n_cols: int,
-               dtype=_F32) -> jax.Array:
+               dtype=_F32, *, transposed: bool = False) -> jax.Array:
   """Noise operand of columns ``[col0, col0 + n_cols)`` of a row tile.
 
   Args:
@@ -184,28 +199,32 @@ def noise_tile(layout: NoiseLayout, keys, start: _RowStart, col0, n_rows: int, n
     n_rows: rows in the tile.
     n_cols: columns in the tile (a multiple of 32 for packed kinds).
     dtype: float32, bfloat16 or float16 (the matrix units' input dtype).
+    transposed: build the tile as ``(n_cols, n_rows)``; ``start`` and
+      ``keys`` must then be ``(1, n_rows)`` rows (``_row_start`` of
+      ``rows[None, :]``). Same values, no transpose in the kernel.
 
   Returns:
-    ``(n_rows, n_cols)`` of ``dtype``: the integer-valued ``q`` of the kind
-    (times its scale for float16, which cannot hold ``q``; see
-    :func:`_noise_factor`).
+    ``(n_rows, n_cols)`` of ``dtype`` (``(n_cols, n_rows)`` transposed): the
+    integer-valued ``q`` of the kind (times its scale for float16, which
+    cannot hold ``q``; see :func:`_noise_factor`).
   """
   kind = layout.kind
   col0 = col0.astype(_U32) if hasattr(col0, "astype") else _U32(col0)
   if kind.values_per_word == 1:
-    delta = col0 + jax.lax.broadcasted_iota(_U32, (1, n_cols), 1)
+    delta = col0 + _columns(n_cols, transposed)
     q = kind.unscaled(_words(layout, keys, start, delta))
     if _prescaled(dtype):
       q = q * _F32(kind.scale)
     return q.astype(dtype)
   # Same values as kind.unscaled (1 - 2 * bit), built without conversions.
   sign_bits = packed_sign_bits(layout, keys, start, col0 >> _U32(kind.log2_values_per_word),
-                               n_rows, n_cols, _ONE_BITS[jnp.dtype(dtype)][1])
+                               n_rows, n_cols, _ONE_BITS[jnp.dtype(dtype)][1],
+                               transposed=transposed)
   return _signs(sign_bits, dtype)
 
 
 def packed_sign_bits(layout: NoiseLayout, keys, start: _RowStart, word0, n_rows: int,
-                     n_cols: int, position: int) -> jax.Array:
+                     n_cols: int, position: int, *, transposed: bool = False) -> jax.Array:
   """A 32-values-per-word kind's bits at ``position``: uint32 ``(n_rows, n_cols)``.
 
   Columns ``[32 * word0, 32 * word0 + n_cols)`` of each row (``word0`` a
@@ -214,9 +233,11 @@ def packed_sign_bits(layout: NoiseLayout, keys, start: _RowStart, word0, n_rows:
   3-d ``(rows, words, 32)`` tile and reshape; on an H200 the two forms ran
   within run-to-run noise of each other, and this one is simpler). Rows that
   do not start on a word boundary take each element's bit from one of two
-  neighbouring words.
+  neighbouring words. ``transposed`` gives ``(n_cols, n_rows)`` (see
+  :func:`noise_tile`).
   """
-  cols = jax.lax.broadcasted_iota(_U32, (1, n_cols), 1)
+  del n_rows  # The rows are those of ``start``.
+  cols = _columns(n_cols, transposed)
   index = cols if layout.aligned else start.lane + cols
   which = index >> _U32(5)
   lane = index & _U32(31)
@@ -277,7 +298,11 @@ def _forward_kernel(x_ref, base_ref, seeds_ref, sigma_ref, out_ref, *, layout: N
 
   rows = out0 + jax.lax.iota(jnp.int32, block_out)
   batch_rows = batch0 + jax.lax.iota(jnp.int32, block_batch)
-  start = _row_start(layout, rows.astype(_U32)[:, None])
+  # The product is x @ N^T: with transposed_noise the tile is built as N^T
+  # (rows of N along its second axis), so the kernel holds no transpose.
+  transposed = config.transposed_noise
+  start = _row_start(layout, rows.astype(_U32)[None, :] if transposed
+                     else rows.astype(_U32)[:, None])
   keys = _stream_keys(layout, seed, start)
   batch_ok = batch_rows[:, None] < batch
   # With shared x both members of a pair see the same input: one product.
@@ -286,13 +311,14 @@ def _forward_kernel(x_ref, base_ref, seeds_ref, sigma_ref, out_ref, *, layout: N
   def body(step, accs):
     col0 = step * block_in
     cols_ok = (col0 + jax.lax.iota(jnp.int32, block_in))[None, :] < in_features
-    noise = noise_tile(layout, keys, start, col0, block_out, block_in, dot_dtype)
+    noise = noise_tile(layout, keys, start, col0, block_out, block_in, dot_dtype,
+                       transposed=transposed)
     new = []
     for member in range(n_inputs):
       index = (pl.ds(batch0, block_batch), pl.ds(col0, block_in))
       ref = x_ref.at[index] if shared_x else x_ref.at[(first + member,) + index]
       x_tile = _pallas.load(ref, mask=batch_ok & cols_ok, other=0)
-      new.append(accs[member] + _dot(x_tile, noise, 1, config.tf32))
+      new.append(accs[member] + _dot(x_tile, noise, 0 if transposed else 1, config.tf32))
     return tuple(new)
 
   zeros = tuple(jnp.zeros((block_batch, block_out), _F32) for _ in range(n_inputs))
