@@ -254,8 +254,20 @@ class ReduceMetricConfig:
     return self
 
 
-def reduce_metric_heuristics(n_params: int, n_individuals: int) -> ReduceMetricConfig:
-  """64-row tiles, 8 warps, 4 individuals per program: fastest of the sweep on an H200."""
+def reduce_metric_heuristics(n_params: int, n_individuals: int,
+                             kind: noise_lib.NoiseKind | None = None) -> ReduceMetricConfig:
+  """The ``"individuals"`` layout for kinds with one value per word, else ``"rows"``.
+
+  Rows: 64-row tiles, 8 warps, 4 individuals per program, the fastest
+  ``"rows"`` config of the first H200 sweep. With one value per word
+  (``binomial``, the default, ``uniform``, ``normal``) the ``"individuals"``
+  layout (:func:`reduce_metric_individuals_heuristics`) was faster on every
+  shape of the 2026-11-30 session-4 run in device time (``binomial``):
+  0.176 against 0.208 ms at 65,536 x 4,096, 0.633 against 0.702 ms at
+  1,024 x 2^20 and 5.16 against 5.82 ms at 3,000 x 3M.
+  """
+  if kind is not None and kind.values_per_word == 1:
+    return reduce_metric_individuals_heuristics(n_params, n_individuals)
   groups = -(-n_individuals // 4)
   tiles = -(-n_params // (64 * 32))
   splits = max(1, min(tiles, TARGET_PROGRAMS // max(1, groups)))
@@ -461,7 +473,7 @@ def reduce_metric_individuals_heuristics(n_params: int,
 def reduce_metric_candidates(n_params: int, n_individuals: int,
                              kind: noise_lib.NoiseKind | None = None) -> list[ReduceMetricConfig]:
   """The heuristic, its neighbours and (one value per word only) the ``"individuals"`` layout."""
-  base = reduce_metric_heuristics(n_params, n_individuals)
+  base = reduce_metric_heuristics(n_params, n_individuals)  # rows
   wide = reduce_metric_individuals_heuristics(n_params, n_individuals)
   if kind is not None and kind.values_per_word != 1:
     wide = base

@@ -759,7 +759,7 @@ def reduce_metric(center, seeds, sigma, offset, *, kind, antithetic, config=None
   n_individuals = seeds.shape[0]
   base, lead, n_rows = _flat_geometry(offset, n_params)
   if config is None:
-    config = config_lib.reduce_metric_heuristics(n_params, n_individuals)
+    config = config_lib.reduce_metric_heuristics(n_params, n_individuals, kind)
   config = config.validate()
   if config.layout == "individuals":
     per_sign = [s / _F32(n_params) for s in _reduce_metric_individuals(

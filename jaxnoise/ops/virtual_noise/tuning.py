@@ -153,7 +153,7 @@ def tune_reduce_metric(center, seeds, sigma, offset: int = 0, *,
   kind_ = noise_lib.get_kind(kind)
   seeds = noise_lib.as_seeds(seeds)
   n_individuals = seeds.shape[0] // 2 if antithetic else seeds.shape[0]
-  heuristic = config_lib.reduce_metric_heuristics(center.shape[0], n_individuals)
+  heuristic = config_lib.reduce_metric_heuristics(center.shape[0], n_individuals, kind_)
   if candidates is None:
     candidates = config_lib.reduce_metric_candidates(center.shape[0], n_individuals, kind_)
   candidates = _resolve_candidates(candidates, heuristic)
