@@ -67,6 +67,12 @@ def hyper_kwargs(rng, C):
               seed=int(rng.integers(0, 2**32)))
 
 
+class TwoPassUpdateConfig(config_lib.CounterUpdateConfig):
+  """A counter-update config that takes the two-pass loop from 8 groups up (for tests)."""
+
+  MAX_RESIDENT_GROUPS = 4
+
+
 def cast(array, dtype):
   return jnp.asarray(array).astype(dtype)
 
@@ -259,23 +265,31 @@ def test_rounding_draw_is_the_shared_hash(rng):
 
 
 @pytest.mark.parametrize("implementation", KERNEL_IMPLS)
-@pytest.mark.parametrize("dtype,lagged", [(jnp.float32, False), (jnp.float32, True),
-                                          (jnp.bfloat16, False), (jnp.float16, True)])
-def test_counter_update_kernel_matches_reference(rng, implementation, dtype, lagged):
-  out_features, in_features = int(rng.integers(8, 40)) | 1, 4 * (int(rng.integers(5, 30)) | 1)
+@pytest.mark.parametrize("dtype,lagged,alternative", [
+    (jnp.float32, False, 0), (jnp.float32, True, 1), (jnp.bfloat16, False, 2),
+    (jnp.float16, True, 1)])
+def test_counter_update_kernel_matches_reference(rng, implementation, dtype, lagged,
+                                                  alternative):
+  """The heuristic config and one alternative tiling (each case a different one)."""
+  # Rows of 4 * odd inputs (byte units) or 16 * odd (word units), odd row counts.
+  out_features = int(rng.integers(8, 40)) | 1
+  in_features = int(rng.choice([4, 16])) * (int(rng.integers(3, 20)) | 1)
   C = int(rng.integers(1, 12))
   _, packed, scale, v = random_state(rng, out_features, in_features, C)
   grad = cast(rng.normal(size=(out_features, in_features)) * rng.uniform(0.1, 3), dtype)
   kwargs = hyper_kwargs(rng, C)
   expected = ternary.counter_update(packed, scale, v, grad, lagged=lagged,
                                     implementation="reference", donate=False, **kwargs)
-  configs = [None, config_lib.CounterUpdateConfig(block_rows=4, block_groups=4, num_warps=1,
-                                                  num_stages=2),
-             config_lib.CounterUpdateConfig(block_rows=2, block_groups=64, bitwise=True,
-                                            dense_grad=True),
-             config_lib.CounterUpdateConfig(block_rows=4, block_groups=8, num_stages=2,
-                                            bitwise=True, dense_grad=True)]
-  for config in configs:
+  alternatives = [
+      # Two-pass loop (rows past MAX_RESIDENT_GROUPS take it; forced here), bytes, strided.
+      TwoPassUpdateConfig(block_rows=4, block_groups=4, tail_groups=4, num_warps=1,
+                          num_stages=2, word_loads=False, vector_loads=False),
+      # Chunked resident rows: a power-of-2 chunk and masked tails, words where in % 16 == 0.
+      config_lib.CounterUpdateConfig(block_rows=2, block_groups=16, tail_groups=4),
+      config_lib.CounterUpdateConfig(block_rows=1, block_groups=64, tail_groups=64,
+                                     word_loads=False),
+  ]
+  for config in [None, alternatives[alternative]]:
     result = ternary.counter_update(packed, scale, v, grad, lagged=lagged,
                                     implementation=implementation, config=config,
                                     donate=False, **kwargs)
@@ -323,7 +337,7 @@ def test_counter_update_from_io_kernel_matches_reference(rng, implementation, dt
 
 def test_64_bit_index_path_gives_the_same_bits(rng, monkeypatch):
   """Forcing the (hi, lo) index path (used above 2**32 weights) changes no bit."""
-  from jaxnoise.ops.ternary import pallas_triton as kernels  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_update as kernels  # pylint: disable=g-import-not-at-top
   out_features, in_features, C = 9, 4 * 7, 5
   _, packed, scale, v = random_state(rng, out_features, in_features, C)
   grad = jnp.asarray(rng.normal(size=(out_features, in_features)), jnp.float32)
@@ -593,7 +607,10 @@ def test_heuristic_configs_are_valid(shape):
   update = configs[1]
   groups = shape[1] // 4
   if groups <= 4096:
-    assert update.block_groups >= groups, "rows up to in=16384 are updated in one pass"
+    chunks = update.row_chunks(groups)
+    assert chunks is not None, "rows up to in=16384 are updated in one pass"
+    assert chunks[-1][0] + chunks[-1][1] >= groups
+    assert all(size & (size - 1) == 0 and size <= update.block_groups for _, size in chunks)
 
 
 def dataclasses_replace_roundtrip(config):
@@ -616,7 +633,7 @@ def test_counter_update_candidates_are_valid():
     candidates = config_lib.CounterUpdateConfig.candidates(shape)
     assert candidates[0] == config_lib.CounterUpdateConfig.get_heuristics_config(shape)
     assert len(set(candidates)) == len(candidates)
-    assert any(c.bitwise and c.dense_grad for c in candidates)
+    assert any(not c.word_loads for c in candidates)
 
 
 def test_config_validation():
@@ -631,7 +648,11 @@ def test_config_validation():
 
 
 def _lowerings():
-  from jaxnoise.ops.ternary import pallas_triton as kernels  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton as kernels
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  from jaxnoise.ops.ternary import pallas_triton_update as update_kernels
+  # pylint: enable=g-import-not-at-top
   spec = jax.ShapeDtypeStruct
   cases = []
   for out_features, in_features in [(37, 44), (4096, 4096), (64, 40000)]:
@@ -640,18 +661,18 @@ def _lowerings():
     hyper, seed = spec((4,), jnp.float32), spec((1,), jnp.uint32)
     for dtype in (jnp.float32, jnp.bfloat16):
       cases.append((f"update {out_features}x{in_features} {dtype.__name__}",
-                    functools.partial(kernels.counter_update, C=5, lagged=False),
+                    functools.partial(update_kernels.counter_update, C=5, lagged=False),
                     (packed, row, row, spec((out_features, in_features), dtype), hyper, seed)))
       for m_rows in (1, 4096):
         cases.append((f"matmul {m_rows} {out_features}x{in_features} {dtype.__name__}",
-                      functools.partial(kernels.ternary_matmul, C=5, out_dtype=dtype),
+                      functools.partial(matmul_kernels.ternary_matmul, C=5, out_dtype=dtype),
                       (spec((m_rows, in_features), dtype), packed, row)))
         cases.append((f"matmul dx {m_rows} {out_features}x{in_features} {dtype.__name__}",
-                      functools.partial(kernels.ternary_matmul_input_grad, C=5,
+                      functools.partial(matmul_kernels.ternary_matmul_input_grad, C=5,
                                         out_dtype=dtype),
                       (spec((m_rows, out_features), dtype), packed, row)))
       cases.append((f"from_io {out_features}x{in_features} {dtype.__name__}",
-                    functools.partial(kernels.counter_update_from_io, C=5, lagged=True),
+                    functools.partial(update_kernels.counter_update_from_io, C=5, lagged=True),
                     (packed, row, row, spec((33, in_features), dtype),
                      spec((33, out_features), dtype), hyper, seed)))
     cases.append(("pack", kernels.pack_codes, (spec((out_features, in_features), jnp.uint8),)))

@@ -123,10 +123,19 @@ class TernaryGrad(NamedTuple):
   grad_out: jax.Array
 
 
-def _kernels():
-  """The Pallas module, imported lazily (it pulls in the Triton backend)."""
-  from jaxnoise.ops.ternary import pallas_triton  # pylint: disable=g-import-not-at-top
-  return pallas_triton
+def _kernels(kind: str = ""):
+  """A Pallas module, imported lazily (it pulls in the Triton backend).
+
+  ``kind``: ``""`` (pack / unpack / decode / init), ``"update"`` or ``"matmul"``.
+  """
+  # pylint: disable=g-import-not-at-top
+  if kind == "update":
+    from jaxnoise.ops.ternary import pallas_triton_update as module
+  elif kind == "matmul":
+    from jaxnoise.ops.ternary import pallas_triton_matmul as module
+  else:
+    from jaxnoise.ops.ternary import pallas_triton as module
+  return module
 
 
 def _run(implementation: str, fn, *args, **kwargs):
@@ -531,7 +540,7 @@ def _update_impl(static: _UpdateStatic, packed, scale, v, grad_w, hyper, seed):
     packed, scale, v, skipped = reference.counter_update_reference(
         packed, scale, v, grad_w, hyper, seed[0], C=static.C, lagged=static.lagged)
   else:
-    packed, scale, v, skipped = _kernels().counter_update(
+    packed, scale, v, skipped = _kernels("update").counter_update(
         packed, scale, v, grad_w, hyper, seed, C=static.C, lagged=static.lagged,
         config=static.config, interpret=static.implementation == "interpret")
   return CounterUpdateResult(packed, scale, v, jnp.sum(skipped, dtype=jnp.int32))
@@ -542,7 +551,7 @@ def _from_io_impl(static: _UpdateStatic, packed, scale, v, x, grad_out, hyper, s
     packed, scale, v, skipped = reference.counter_update_from_io_reference(
         packed, scale, v, x, grad_out, hyper, seed[0], C=static.C, lagged=static.lagged)
   else:
-    packed, scale, v, skipped = _kernels().counter_update_from_io(
+    packed, scale, v, skipped = _kernels("update").counter_update_from_io(
         packed, scale, v, x, grad_out, hyper, seed, C=static.C, lagged=static.lagged,
         config=static.config, interpret=static.implementation == "interpret")
   return CounterUpdateResult(packed, scale, v, jnp.sum(skipped, dtype=jnp.int32))
@@ -753,7 +762,7 @@ def _matmul_forward(static: _MatmulStatic, x, packed, scale, out_dtype=None):
   out_dtype = static.out_dtype if out_dtype is None else out_dtype
   if static.implementation == "reference":
     return reference.ternary_matmul_reference(x, packed, scale, C=static.C, out_dtype=out_dtype)
-  return _kernels().ternary_matmul(x, packed, scale, C=static.C, out_dtype=out_dtype,
+  return _kernels("matmul").ternary_matmul(x, packed, scale, C=static.C, out_dtype=out_dtype,
                                    config=static.config,
                                    interpret=static.implementation == "interpret")
 
@@ -762,7 +771,7 @@ def _matmul_input_grad(static: _MatmulStatic, grad_y, packed, scale, out_dtype):
   if static.implementation == "reference":
     return reference.ternary_matmul_input_grad_reference(grad_y, packed, scale, C=static.C,
                                                          out_dtype=out_dtype)
-  return _kernels().ternary_matmul_input_grad(grad_y, packed, scale, C=static.C,
+  return _kernels("matmul").ternary_matmul_input_grad(grad_y, packed, scale, C=static.C,
                                               out_dtype=out_dtype, config=static.config,
                                               interpret=static.implementation == "interpret")
 

@@ -36,10 +36,6 @@ __all__ = [
     "check_config",
 ]
 
-# Largest register-resident row (groups) of the single-pass update.
-_MAX_RESIDENT_GROUPS = 4096
-
-
 def next_power_of_2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
 
@@ -120,73 +116,116 @@ class ElementwiseConfig:
 class CounterUpdateConfig:
   """Tiling of the fused counter update on a dense gradient.
 
+  A program owns ``block_rows`` whole rows. A row of up to
+  ``MAX_RESIDENT_GROUPS`` groups is held in registers as static power-of-2
+  chunks (:meth:`row_chunks`: pieces of at most ``block_groups`` groups
+  covering the row rounded up to ``tail_groups``; only the last is masked),
+  so the gradient and the codes are read once. Longer rows take two passes
+  over chunks of ``block_groups`` (statistics, then update).
+
   Attributes:
     block_rows: rows per program.
-    block_groups: groups per chunk; a row of ``in / 4`` groups in one chunk
-      is updated in a single pass with the row in registers, otherwise in
-      two passes.
+    block_groups: largest chunk, in groups of four codes (power of 2).
+    tail_groups: granule of the row's rounding (power of 2 <= block_groups);
+      ``tail_groups == block_groups`` rounds the row up to whole chunks.
     num_warps: Triton warps per program.
-    num_stages: software-pipelining depth of the chunk loops.
-    bitwise: codes -> float by an exact bit trick and ternary values by
-      selects, instead of int -> float conversions (a quarter of the integer
-      rate on NVIDIA GPUs); identical results.
-    dense_grad: load the gradient tile as one contiguous ``(rows, groups, 4)``
-      block (vectorisable) and split its lanes in registers, instead of four
-      stride-4 loads.
+    num_stages: software-pipelining depth of the two-pass loops.
+    word_loads: read the packed codes as uint32 words (three per 16 codes)
+      when ``in % 16 == 0`` and every chunk is a multiple of 4 groups; else
+      three bytes per 4 codes.
+    vector_loads: read the gradient in 16-byte vectors split in registers;
+      else one strided load per column lane.
   """
 
   block_rows: int = 1
   block_groups: int = 1024
-  num_warps: int = 4
+  tail_groups: int = 64
+  num_warps: int = 8
   num_stages: int = 1
-  bitwise: bool = False
-  dense_grad: bool = False
+  word_loads: bool = True
+  vector_loads: bool = True
+
+  MAX_RESIDENT_GROUPS = 4096  # 16384 inputs per row in registers (with 16 warps: 32 per thread).
 
   def __post_init__(self):
-    _check_pow2(self, ("block_rows", "block_groups"))
+    _check_pow2(self, ("block_rows", "block_groups", "tail_groups"))
     _check_warps_stages(self)
-    for name in ("bitwise", "dense_grad"):
+    if self.tail_groups > self.block_groups:
+      raise ValueError(f"CounterUpdateConfig.tail_groups={self.tail_groups} must be <= "
+                       f"block_groups={self.block_groups}")
+    for name in ("word_loads", "vector_loads"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"CounterUpdateConfig.{name} must be a bool, got {getattr(self, name)!r}")
+
+  def uses_words(self, in_features: int) -> bool:
+    """Whether the kernel reads ``in_features``-long rows as words."""
+    return (self.word_loads and in_features % 16 == 0 and self.tail_groups >= 4)
+
+  def row_chunks(self, n_groups: int) -> tuple[tuple[int, int], ...] | None:
+    """``(first group, groups)`` of the static chunks of a row, or None for the two-pass loop.
+
+    Example:
+      >>> CounterUpdateConfig(block_groups=512, tail_groups=64).row_chunks(576)
+      ((0, 512), (512, 64))
+      >>> CounterUpdateConfig(block_groups=1024, tail_groups=64).row_chunks(999)
+      ((0, 1024),)
+    """
+    if n_groups > self.MAX_RESIDENT_GROUPS:
+      return None
+    total = -(-n_groups // self.tail_groups) * self.tail_groups
+    chunks, start = [], 0
+    while start < total:
+      size = min(self.block_groups, 1 << ((total - start).bit_length() - 1))
+      chunks.append((start, size))
+      start += size
+    return tuple(chunks)
 
   @classmethod
   def get_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.float32
                             ) -> "CounterUpdateConfig":
     """A default for an ``(out, in)`` gradient of ``dtype``.
 
-    The update is memory-bound (it moves ``itemsize + 1.5`` bytes per weight),
-    so the aim is whole rows in registers (one pass over the gradient) and
-    about 1-4 K groups per program, ~8 groups (32 gradient values) per thread.
+    The update is memory-bound at ~40 instructions per weight, so each thread
+    holds ~4 groups (16 weights: few registers, many resident warps), a row
+    is one program up to 8192 inputs (16 warps beyond), and ragged rows are
+    cut into a power-of-2 chunk and a tail (``in = 2304``: 2048 + 256
+    inputs) instead of being masked up to the next power of 2.
 
     Example:
       >>> config = CounterUpdateConfig.get_heuristics_config((4096, 4096))
-      >>> config.block_rows, config.block_groups, config.num_warps, config.num_stages
-      (1, 1024, 4, 1)
+      >>> config.block_rows, config.block_groups, config.num_warps
+      (1, 1024, 8)
     """
     del dtype  # The per-thread footprint is in groups; itemsize only scales bytes.
     out_features, in_features = (int(d) for d in shape)
     groups = max(1, in_features // 4)
-    block_groups = min(next_power_of_2(groups), _MAX_RESIDENT_GROUPS)
-    if block_groups < groups:
-      block_groups = 2048  # Two-pass: chunks small enough to keep the tile hot.
+    if groups > cls.MAX_RESIDENT_GROUPS:
+      return cls(block_rows=1, block_groups=2048, tail_groups=2048, num_warps=16, num_stages=2)
+    block_groups = next_power_of_2(groups)
+    tail_groups = min(block_groups, max(4, block_groups // 16))
     block_rows = max(1, min(next_power_of_2(out_features), 1024 // block_groups))
-    n_chunks = math.ceil(groups / block_groups)
-    return cls(block_rows=block_rows, block_groups=block_groups,
-               num_warps=_warps_for(block_rows * block_groups, 8),
-               num_stages=2 if n_chunks > 1 else 1)
+    config = cls(block_rows=block_rows, block_groups=block_groups, tail_groups=tail_groups)
+    largest = config.row_chunks(groups)[0][1]
+    return dataclasses.replace(config, num_warps=_warps_for(block_rows * largest, 4),
+                               num_stages=1)
 
   @classmethod
   def candidates(cls, shape: Sequence[int], dtype: Any = jnp.float32
                  ) -> list["CounterUpdateConfig"]:
-    """The heuristic, its bitwise / dense-gradient forms and multi-row tiles (autotuning)."""
+    """The heuristic and its neighbours (autotuning and the benchmark sweep).
+
+    Half and twice the warps, the row rounded to whole chunks (one masked
+    chunk), byte-wise code loads, strided gradient loads, two rows per program.
+    """
     base = cls.get_heuristics_config(shape, dtype)
-    fast = dataclasses.replace(base, bitwise=True, dense_grad=True)
-    out = [base, dataclasses.replace(base, bitwise=True), fast,
-           dataclasses.replace(fast, num_warps=min(16, base.num_warps * 2))]
-    for rows in (2, 4):
-      if rows * base.block_groups <= 8192 and rows <= next_power_of_2(int(shape[0])):
-        out.append(dataclasses.replace(fast, block_rows=rows,
-                                       num_warps=_warps_for(rows * base.block_groups, 8)))
+    out = [base,
+           dataclasses.replace(base, num_warps=max(1, base.num_warps // 2)),
+           dataclasses.replace(base, num_warps=min(16, base.num_warps * 2)),
+           dataclasses.replace(base, tail_groups=base.block_groups),
+           dataclasses.replace(base, word_loads=False),
+           dataclasses.replace(base, vector_loads=False)]
+    if base.block_rows == 1 and int(shape[0]) > 1:
+      out.append(dataclasses.replace(base, block_rows=2, num_warps=min(16, base.num_warps * 2)))
     unique = []
     for config in out:
       if config not in unique:
