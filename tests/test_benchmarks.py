@@ -86,3 +86,14 @@ def test_low_rank_benchmark_quick(tmp_path):
   assert any(r["case"].startswith("check") and r.get("ok") for r in results)
   assert any(r.get("fraction_of_inference") for r in results)
   assert not [r for r in results if "error" in r or "skipped" in r], results
+
+
+def test_ternary_benchmark_quick(tmp_path):
+  """The compiled-check part (what the GPU script runs first), cut short by its budget."""
+  _run(tmp_path, "bench_ternary.py", "--part", "check", "--quick", "--budget", "6")
+  with open(tmp_path / "ternary_check.json") as f:
+    record = json.load(f)
+  checks = record["result"]
+  assert checks and "error" not in checks, checks
+  updates = [row for name, row in checks.items() if name.startswith("counter_update")]
+  assert updates and all(row["within_spec"] for row in updates), updates

@@ -308,9 +308,13 @@ def test_counter_update_from_io_kernel_matches_reference(rng, implementation, dt
   C = int(rng.integers(1, 12))
   kwargs = hyper_kwargs(rng, C)
   cases = [
-      (4 * (int(rng.integers(3, 30)) | 1), None),  # one tile per row: the fused kernel
+      # One tile per row (the fused kernel): byte units, then word units.
+      (4 * (int(rng.integers(3, 30)) | 1), None),
+      (16 * (int(rng.integers(2, 6)) | 1), None),
+      # Statistics + update kernels: byte units, then word units (2 per tile).
       (4 * 37, config_lib.FromIOConfig(block_rows=16, block_groups=16, block_m=16,
-                                       num_warps=2, num_stages=2)),  # statistics + update
+                                       num_warps=2, num_stages=2)),
+      (16 * 7, config_lib.FromIOConfig(block_rows=16, block_groups=8, block_m=16)),
   ]
   for in_features, config in cases:
     _, packed, scale, v = random_state(rng, out_features, in_features, C)
@@ -418,9 +422,9 @@ def test_kernel_aliases_state_buffers():
   packed, scale = ternary.ternary_init(jnp.ones((4, 8)), C=3)
   args = (packed, scale, jnp.zeros(4), jnp.ones((4, 8)), jnp.ones(4, jnp.float32) * 0.5,
           jnp.zeros((1,), jnp.uint32))
-  from jaxnoise.ops.ternary import api  # pylint: disable=g-import-not-at-top
-  static = api._UpdateStatic(3, False, "interpret", None)  # pylint: disable=protected-access
-  hlo = api._update_donating.lower(static, *args).as_text()  # pylint: disable=protected-access
+  from jaxnoise.ops.ternary import update  # pylint: disable=g-import-not-at-top
+  static = update._UpdateStatic(3, False, "interpret", None)  # pylint: disable=protected-access
+  hlo = update._update_donating.lower(static, *args).as_text()  # pylint: disable=protected-access
   assert "tf.aliasing_output" in hlo or "jax.buffer_donor" in hlo
 
 
@@ -431,13 +435,23 @@ def test_kernel_aliases_state_buffers():
 @pytest.mark.parametrize("implementation", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
-  out_features, in_features = int(rng.integers(5, 40)) | 1, 4 * (int(rng.integers(5, 30)) | 1)
+  """Every method (dot tiles, split along in, fma, decode), word and byte units."""
+  # bfloat16 runs byte units (in = 4 * odd), the others word units (in = 16 * odd).
+  in_features = (4 if dtype == jnp.bfloat16 else 16) * (int(rng.integers(5, 12)) | 1)
+  out_features = int(rng.integers(5, 40)) | 1
   C = int(rng.integers(1, 12))
   _, packed, scale, _ = random_state(rng, out_features, in_features, C)
   tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
-  configs = [None, config_lib.MatmulConfig(block_m=16, block_n=16, block_groups=16,
-                                           num_warps=2, num_stages=2)]
-  for batch_shape, config in [((int(rng.integers(1, 9)) | 1,), None), ((2, 9), configs[1])]:
+  config = config_lib.MatmulConfig
+  cases = [
+      ((int(rng.integers(1, 9)) | 1,), None),
+      ((2, 9), config(block_m=16, block_n=16, block_groups=16, num_warps=2, num_stages=2)),
+      ((3,), config(block_m=16, block_n=16, block_groups=4, num_warps=2, split_k=3)),
+      ((1,), config(block_m=1, block_n=4, block_groups=8, method="fma", split_k=2)),
+      ((2, 1), config(block_m=2, block_n=8, block_groups=4, method="fma", word_loads=False)),
+      ((5,), config(method="decode")),
+  ]
+  for batch_shape, config in cases:
     x = cast(rng.normal(size=batch_shape + (in_features,)), dtype)
     y = ternary.ternary_matmul(x, packed, scale, C=C, implementation=implementation,
                                config=config)
@@ -727,3 +741,63 @@ def test_gpu_counter_update_matches_reference(rng, shape):
   y_ref = ternary.ternary_matmul(x, packed, scale, C=C, implementation="reference")
   np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(y_ref, np.float32),
                              rtol=2e-2, atol=2e-1)
+
+
+# ----------------------------------------------------------------------------
+# Autotuning (correctness screen against the reference).
+
+
+def test_tuning_screen_excludes_a_wrong_update_config_and_records_it(rng, monkeypatch):
+  """A counter-update candidate that disagrees with the reference is excluded with its deviation."""
+  from jaxnoise.ops import autotune  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_update, tuning  # pylint: disable=g-import-not-at-top
+  autotune.clear()
+  out_features, in_features, C = 9, 16 * 3, 4
+  _, packed, scale, v = random_state(rng, out_features, in_features, C)
+  grad = jnp.asarray(rng.normal(size=(out_features, in_features)), jnp.float32)
+  good = config_lib.CounterUpdateConfig(block_rows=2, block_groups=16, tail_groups=4)
+  bad = config_lib.CounterUpdateConfig(block_rows=1, block_groups=16, tail_groups=16)
+  real = pallas_triton_update.counter_update
+
+  def corrupted_when_bad(*args, config=None, **kwargs):
+    packed_out, *rest = real(*args, config=config, **kwargs)
+    return (packed_out.at[0, 0].set(packed_out[0, 0] ^ 0x3F) if config == bad else packed_out,
+            *rest)
+
+  monkeypatch.setattr(pallas_triton_update, "counter_update", corrupted_when_bad)
+  record = tuning.tune_counter_update(packed, scale, v, grad, C=C, implementation="interpret",
+                                      candidates=[bad, good], repeats=1)
+  by_config = {c.config: c for c in record.candidates}
+  assert by_config[bad].status == "excluded" and by_config[bad].deviation > record.tolerance
+  assert by_config[good].status == "selected" and by_config[good].deviation <= 1e-4
+  assert record.selected == good and autotune.records()[-1] is record
+
+  used = []
+
+  def spy(*args, config=None, **kwargs):
+    used.append(config)
+    return real(*args, config=config, **kwargs)
+
+  monkeypatch.setattr(pallas_triton_update, "counter_update", spy)
+  ternary.counter_update(packed, scale, v, grad, **dict(hyper_kwargs(rng, C), C=C),
+                         implementation="interpret", donate=False)
+  assert used == [good]  # the tuned config, looked up for this shape
+  autotune.clear()
+
+
+def test_tuning_matmul_selects_a_screened_config(rng):
+  from jaxnoise.ops import autotune  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import tuning  # pylint: disable=g-import-not-at-top
+  autotune.clear()
+  _, packed, scale, _ = random_state(rng, 21, 16 * 5, 3)
+  x = jnp.asarray(rng.normal(size=(3, 16 * 5)), jnp.float32)
+  split = config_lib.MatmulConfig(block_m=16, block_n=16, block_groups=4, split_k=2)
+  record = tuning.tune_matmul(x, packed, scale, C=3, implementation="interpret",
+                              candidates=[None, split], repeats=1)
+  assert {c.status for c in record.candidates} <= {"selected", "timed"}
+  assert all(c.deviation <= record.tolerance for c in record.candidates)
+  assert autotune.lookup(record.op, record.key) == record.selected
+  with pytest.raises(RuntimeError, match="no candidate passed"):
+    tuning.tune_matmul(x, packed, scale, C=3, implementation="interpret", candidates=[split],
+                       tolerance=-1.0, repeats=1)
+  autotune.clear()

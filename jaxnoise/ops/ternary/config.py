@@ -22,7 +22,6 @@ Tiling, in "groups" of four codes (one group = 3 packed bytes = 4 inputs):
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +33,9 @@ __all__ = [
     "FromIOConfig",
     "MatmulConfig",
     "check_config",
+    "counter_update_key",
+    "from_io_key",
+    "matmul_key",
 ]
 
 def next_power_of_2(n: int) -> int:
@@ -247,6 +249,8 @@ class FromIOConfig:
     allow_tf32: let float32 inputs use TF32 tensor cores (faster, ~1e-3
       relative error in the gradient, so more codes round differently from
       the float32 reference); False uses exact float32 products.
+    word_loads: read the codes as uint32 words (three per 16 codes) when
+      ``in % 16 == 0`` and ``block_groups >= 4``; else three bytes per 4.
   """
 
   block_rows: int = 32
@@ -255,16 +259,18 @@ class FromIOConfig:
   num_warps: int = 4
   num_stages: int = 3
   allow_tf32: bool = False
+  word_loads: bool = True
 
   def __post_init__(self):
     _check_pow2(self, ("block_rows", "block_groups", "block_m"))
     _check_warps_stages(self)
-    for name in ("block_rows", "block_groups", "block_m"):
-      if getattr(self, name) < 16:
-        raise ValueError(f"FromIOConfig.{name} must be >= 16 (Triton dot tiles), "
-                         f"got {getattr(self, name)}")
-    if not isinstance(self.allow_tf32, bool):
-      raise TypeError(f"FromIOConfig.allow_tf32 must be a bool, got {self.allow_tf32!r}")
+    for name, least in (("block_rows", 16), ("block_groups", 4), ("block_m", 16)):
+      if getattr(self, name) < least:
+        raise ValueError(f"FromIOConfig.{name} must be >= {least} (Triton dot tiles of at "
+                         f"least 16), got {getattr(self, name)}")
+    for name in ("allow_tf32", "word_loads"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"FromIOConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
   def fused(self, in_features: int) -> bool:
     """True when one tile spans whole rows: statistics and update in one kernel."""
@@ -275,29 +281,50 @@ class FromIOConfig:
                             ) -> "FromIOConfig":
     """A default for ``(M, out, in)`` and the inputs' ``dtype``.
 
-    Rows up to ``in = 512`` fit one tile (a single fused kernel); longer rows
-    use ``32 x 128`` tiles in two kernels (statistics, then a recomputing
-    update), each with ``out / 32 * in / 128`` programs.
+    Rows up to ``in = 512`` fit one tile (a single fused kernel). Longer
+    rows use ``128 x 128`` tiles (64 for float32 inputs) in two kernels
+    (statistics, then a recomputing update), each a GEMM over ``M`` in steps
+    of ``block_m`` with ``out / 128 * in / 128`` programs.
 
     Example:
       >>> config = FromIOConfig.get_heuristics_config((4096, 4096, 4096), "bfloat16")
       >>> config.fused(4096), config.block_rows, 4 * config.block_groups
-      (False, 32, 128)
+      (False, 128, 128)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     groups = max(1, in_features // 4)
     itemsize = jnp.dtype(dtype).itemsize
     block_m = 32 if itemsize >= 4 else 64
     block_m = max(16, min(block_m, next_power_of_2(m_rows)))
-    block_rows = max(16, min(32, next_power_of_2(out_features)))
     if next_power_of_2(groups) <= 128:
-      block_groups = max(16, next_power_of_2(groups))
-      block_rows = 16
-    else:
-      block_groups = 32
-    accumulators = 4 * block_rows * block_groups
-    return cls(block_rows=block_rows, block_groups=block_groups, block_m=block_m,
-               num_warps=_warps_for(accumulators, 32), num_stages=3, allow_tf32=False)
+      block_groups = max(4, next_power_of_2(groups))
+      return cls(block_rows=16, block_groups=block_groups, block_m=block_m,
+                 num_warps=_warps_for(4 * 16 * block_groups, 32), num_stages=3)
+    block_rows = max(16, min(128 if itemsize <= 2 else 64, next_power_of_2(out_features)))
+    return cls(block_rows=block_rows, block_groups=32, block_m=block_m,
+               num_warps=8 if block_rows >= 128 else 4, num_stages=3)
+
+  @classmethod
+  def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> list["FromIOConfig"]:
+    """The heuristic and a few larger tiles (autotuning and the benchmark sweep)."""
+    base = cls.get_heuristics_config(shape, dtype)
+    out = [base]
+    if not base.fused(int(shape[2])):
+      out += [dataclasses.replace(base, block_rows=64, block_groups=32, num_warps=4),
+              dataclasses.replace(base, block_rows=64, block_groups=64, block_m=32,
+                                  num_warps=8),
+              dataclasses.replace(base, block_m=32, num_stages=4),
+              dataclasses.replace(base, word_loads=False)]
+    unique = []
+    for config in out:
+      if config not in unique:
+        unique.append(config)
+    return unique
+
+
+MATMUL_METHODS = ("dot", "fma", "decode")
+# Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
+_GEMV_PROGRAMS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,15 +332,24 @@ class MatmulConfig:
   """Tiling of the packed ternary matmul and its input gradient.
 
   Attributes:
-    block_m: rows of ``x`` per tile (>= 16).
-    block_n: output units per tile (>= 16); in the input-gradient kernel,
-      the chunk of output units reduced per step.
+    block_m: rows of ``x`` per tile (>= 16 for ``method="dot"``).
+    block_n: output units per tile (>= 16 for ``"dot"``); in the
+      input-gradient kernel, the chunk of output units reduced per step.
     block_groups: groups (4 inputs each) per step of the ``in`` reduction; in
-      the input-gradient kernel, the groups per output tile (>= 16).
+      the input-gradient kernel, the groups per output tile (>= 16 there).
     num_warps: Triton warps per program.
     num_stages: software-pipelining depth of the reduction loop.
     allow_tf32: let float32 inputs use TF32 tensor cores (codes are exact in
       any dtype; only ``x`` is rounded). False keeps float32 products exact.
+    split_k: programs along ``in`` (each reduces a slab; XLA adds the float32
+      partial tiles). More programs for small ``M``.
+    method: ``"dot"`` (tensor-core tiles), ``"fma"`` (CUDA-core tiles, for one
+      or two rows of ``x``) or ``"decode"`` (decode ``t`` densely, then an XLA
+      GEMM: a temporary ``out x in`` matrix, for large ``M``). The input
+      gradient always runs the dot tiles (with the heuristic tiles unless
+      ``method="dot"``).
+    word_loads: read the codes as uint32 words (three per 16 codes) when
+      ``in % 16 == 0`` and ``block_groups >= 4``; else three bytes per 4.
   """
 
   block_m: int = 64
@@ -322,38 +358,122 @@ class MatmulConfig:
   num_warps: int = 4
   num_stages: int = 3
   allow_tf32: bool = False
+  split_k: int = 1
+  method: str = "dot"
+  word_loads: bool = True
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
     _check_warps_stages(self)
-    for name in ("block_m", "block_n", "block_groups"):
-      if getattr(self, name) < 16:
-        raise ValueError(f"MatmulConfig.{name} must be >= 16 (Triton dot tiles), "
-                         f"got {getattr(self, name)}")
-    if not isinstance(self.allow_tf32, bool):
-      raise TypeError(f"MatmulConfig.allow_tf32 must be a bool, got {self.allow_tf32!r}")
+    if self.method not in MATMUL_METHODS:
+      raise ValueError(f"MatmulConfig.method must be one of {MATMUL_METHODS}, "
+                       f"got {self.method!r}")
+    if self.method == "dot":
+      for name in ("block_m", "block_n"):
+        if getattr(self, name) < 16:
+          raise ValueError(f"MatmulConfig.{name} must be >= 16 (Triton dot tiles), "
+                           f"got {getattr(self, name)}")
+      if self.block_groups < 4:
+        raise ValueError(f"MatmulConfig.block_groups must be >= 4 (16 inputs per dot step) "
+                         f"for method='dot', got {self.block_groups}")
+    if (not isinstance(self.split_k, int) or isinstance(self.split_k, bool)
+        or self.split_k < 1):
+      raise ValueError(f"MatmulConfig.split_k must be a positive int, got {self.split_k!r}")
+    for name in ("allow_tf32", "word_loads"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"MatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
   @classmethod
   def get_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16
                             ) -> "MatmulConfig":
     """A default for ``(M, out, in)`` and ``x``'s ``dtype``.
 
-    Decode-sized ``M`` (<= 16) is memory-bound on the 0.75-byte codes: narrow
-    output tiles for many programs and long reduction steps. Larger ``M`` uses
-    GEMM tiles (64-128 square, 64-128 inputs per step).
+    Decode-sized ``M`` (<= 16) is memory-bound on the 0.75-byte codes: one
+    16-row dot tile, 64 output units, 256 inputs per step, and ``in`` split
+    so that there are ~512 programs. Larger ``M`` uses GEMM tiles (64-128
+    square, 64-128 inputs per step), split along ``in`` while the tiles alone
+    give fewer programs than a large GPU has SMs.
 
     Example:
-      >>> MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16").block_n
-      32
+      >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
+      >>> config.block_n, config.split_k
+      (64, 8)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
-    del in_features
     itemsize = jnp.dtype(dtype).itemsize
+    steps_of = lambda groups: max(1, -(-max(1, in_features // 4) // groups))
     if m_rows <= 16:
-      return cls(block_m=16, block_n=32, block_groups=64, num_warps=4, num_stages=3)
+      n_blocks = -(-out_features // 64)
+      split = min(steps_of(64), next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
+      return cls(block_m=16, block_n=64, block_groups=64, num_warps=4, num_stages=3,
+                 split_k=split)
     if m_rows <= 64:
-      return cls(block_m=max(16, next_power_of_2(m_rows)), block_n=64, block_groups=32,
-                 num_warps=4, num_stages=3)
+      block_m = max(16, next_power_of_2(m_rows))
+      n_blocks = -(-out_features // 64)
+      split = min(steps_of(32), next_power_of_2(max(1, 256 // n_blocks)))
+      return cls(block_m=block_m, block_n=64, block_groups=32, num_warps=4, num_stages=3,
+                 split_k=split)
     block = 128 if (m_rows >= 1024 and out_features >= 1024 and itemsize <= 2) else 64
-    return cls(block_m=block, block_n=block, block_groups=32 if block == 128 else 16,
-               num_warps=8 if block == 128 else 4, num_stages=3)
+    tiles = -(-m_rows // block) * -(-out_features // block)
+    groups = 32 if block == 128 else 16
+    split = min(steps_of(groups), next_power_of_2(max(1, 132 // tiles))) if tiles < 132 else 1
+    return cls(block_m=block, block_n=block, block_groups=groups,
+               num_warps=8 if block == 128 else 4, num_stages=3, split_k=split)
+
+  @classmethod
+  def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> list["MatmulConfig"]:
+    """The heuristic and a few neighbours (autotuning and the benchmark sweep)."""
+    m_rows, out_features, in_features = (int(d) for d in shape)
+    base = cls.get_heuristics_config(shape, dtype)
+    out = [base]
+    replace = dataclasses.replace
+    if m_rows <= 16:
+      out += [replace(base, split_k=max(1, base.split_k // 2)),
+              replace(base, split_k=base.split_k * 2),
+              replace(base, block_n=128, num_warps=8),
+              replace(base, block_n=32, split_k=base.split_k * 2),
+              replace(base, block_groups=32, split_k=base.split_k * 2),
+              replace(base, word_loads=False)]
+      if m_rows <= 2:
+        out.append(cls(block_m=next_power_of_2(m_rows), block_n=16, block_groups=64,
+                       num_warps=4, num_stages=3, split_k=base.split_k * 2, method="fma"))
+    else:
+      out += [replace(base, block_groups=base.block_groups * 2),
+              replace(base, num_stages=4),
+              replace(base, method="decode")]
+      if m_rows >= 256:
+        out += [cls(block_m=128, block_n=256, block_groups=16, num_warps=8, num_stages=3),
+                cls(block_m=256, block_n=128, block_groups=16, num_warps=8, num_stages=3),
+                cls(block_m=128, block_n=128, block_groups=16, num_warps=4, num_stages=4)]
+    unique = []
+    for config in out:
+      if config not in unique:
+        unique.append(config)
+    return unique
+
+
+# ----------------------------------------------------------------------------
+# Autotuning cache keys (see jaxnoise.ops.autotune): what selects a tiling.
+
+
+def counter_update_key(implementation: str, shape: Sequence[int], grad_dtype: Any
+                       ) -> tuple[str, tuple]:
+  """``(op, key)`` of a counter update on an ``(out, in)`` gradient of ``grad_dtype``."""
+  op = "ternary_counter_update"
+  return op, (op, implementation, tuple(int(d) for d in shape), str(jnp.dtype(grad_dtype)))
+
+
+def from_io_key(implementation: str, m_rows: int, out_features: int, in_features: int,
+                dtype: Any) -> tuple[str, tuple]:
+  """``(op, key)`` of an update from ``(M, in)`` inputs and ``(M, out)`` output gradients."""
+  op = "ternary_counter_update_from_io"
+  return op, (op, implementation, (int(m_rows), int(out_features), int(in_features)),
+              str(jnp.dtype(dtype)))
+
+
+def matmul_key(implementation: str, m_rows: int, out_features: int, in_features: int,
+               x_dtype: Any, out_dtype: Any) -> tuple[str, tuple]:
+  """``(op, key)`` of a packed matmul of ``(M, in)`` inputs."""
+  op = "ternary_matmul"
+  return op, (op, implementation, (int(m_rows), int(out_features), int(in_features)),
+              str(jnp.dtype(x_dtype)), str(jnp.dtype(out_dtype)))

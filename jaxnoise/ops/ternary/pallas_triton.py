@@ -296,22 +296,28 @@ def _unpack_kernel(packed_ref, codes_ref, *, n_rows, n_groups, block_rows, block
   _loop(_cdiv(n_groups, block_groups), chunk, ())
 
 
-def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, n_rows, n_groups, block_rows,
-                   block_groups):
+def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, layout: UnitLayout, n_rows, n_units,
+                   block_rows, block_units):
+  """Codes -> ``scale * t``; the lanes are joined in column order and stored contiguously."""
   r0 = pl.program_id(0) * block_rows
   row_mask = (r0 + _iota(block_rows)) < n_rows
   scale = _load_vector(scale_ref, r0, block_rows, row_mask, 0.0).astype(_F32)[:, None]
+  per_unit = layout.codes
+  width = block_units * per_unit
 
   def chunk(j, carry):
-    g0 = j * block_groups
-    mask, _ = _tile_mask(row_mask, g0, block_groups, n_groups)
-    codes = _load_codes(packed_ref, r0, block_rows, g0, block_groups, mask)
-    weights = [(ref_lib.ternary_of(c, C).astype(_F32) * scale).astype(weight_ref.dtype)
-               for c in codes]
-    _store_lanes(weight_ref, r0, block_rows, g0, block_groups, weights, mask)
+    u0 = j * block_units
+    unit_mask = (u0 + _iota(block_units)) < n_units
+    codes = load_unit_codes(packed_ref, r0, block_rows, u0, block_units,
+                            row_mask[:, None] & unit_mask[None, :], layout)
+    values = [(ref_lib.ternary_of(c, C).astype(_F32) * scale).astype(weight_ref.dtype)
+              for c in codes]
+    col_mask = (u0 * per_unit + _iota(width)) < n_units * per_unit
+    plgpu.store(weight_ref.at[pl.ds(r0, block_rows), pl.ds(u0 * per_unit, width)],
+                interleave(values), mask=row_mask[:, None] & col_mask[None, :])
     return carry
 
-  _loop(_cdiv(n_groups, block_groups), chunk, ())
+  _loop(_cdiv(n_units, block_units), chunk, ())
 
 
 def _init_kernel(weight_ref, packed_ref, scale_ref, *, C, n_rows, n_groups, block_rows,
@@ -384,17 +390,23 @@ def unpack_codes(packed, *, config: ElementwiseConfig | None = None, interpret: 
 
 def ternary_decode(packed, scale, *, C: int, dtype=jnp.float32,
                    config: ElementwiseConfig | None = None, interpret: bool = False):
-  """Kernel of :func:`jaxnoise.ops.ternary.ternary_decode`: ``(out, in)`` weights."""
+  """Kernel of :func:`jaxnoise.ops.ternary.ternary_decode`: ``(out, in)`` weights.
+
+  Reads word units where rows allow (``in % 16 == 0`` and ``block_groups >=
+  4``) and writes each row chunk contiguously.
+  """
   out_features, n_bytes = packed.shape
   shape = (out_features, 4 * (n_bytes // 3))
   config = _elementwise_config(config, shape, dtype)
-  kernel = functools.partial(_decode_kernel, C=C, **_elementwise_static(shape, config))
-  weight = _call(
+  layout = unit_layout(shape[1], config.block_groups >= 4)
+  kernel = functools.partial(
+      _decode_kernel, C=C, layout=layout, n_rows=out_features,
+      n_units=shape[1] // layout.codes, block_rows=config.block_rows,
+      block_units=max(1, config.block_groups * 4 // layout.codes))
+  return _call(
       kernel, name="ternary_decode", grid=(_cdiv(out_features, config.block_rows),),
-      out_shape=jax.ShapeDtypeStruct((out_features, shape[1] // 4, 4), dtype),
-      config=config, interpret=interpret,
-  )(_packed_view(packed), scale)
-  return weight.reshape(shape)
+      out_shape=jax.ShapeDtypeStruct(shape, dtype), config=config, interpret=interpret,
+  )(packed_units(packed, layout), scale)
 
 
 def ternary_init(weight, *, C: int, config: ElementwiseConfig | None = None,

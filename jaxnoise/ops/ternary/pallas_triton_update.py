@@ -46,23 +46,18 @@ from jaxnoise.ops.ternary.pallas_triton import (
     UnitLayout,
     _call,
     _cdiv,
-    _dense_view,
     _dot_setup,
     _I32,
     _iota,
-    _load_codes,
-    _load_lanes,
     _load_vector,
     _loop,
-    _packed_view,
-    _store_codes,
     _store_vector,
-    _tile_mask,
     dense_units,
     load_dense_lanes,
     load_unit_codes,
     packed_bytes,
     packed_units,
+    split_lanes,
     store_unit_codes,
     unit_layout,
 )
@@ -70,7 +65,6 @@ from jaxnoise.ops.ternary.pallas_triton import (
 __all__ = ["counter_update", "counter_update_from_io"]
 
 _F32 = jnp.float32
-_HIGHEST = jax.lax.Precision.HIGHEST
 # Contract dim 0 of both operands: grad_out^T (BM, BR) x (BM, BG) -> (BR, BG).
 _DIMS_TN = (((0,), (0,)), ((), ()))
 
@@ -230,99 +224,101 @@ def counter_update(packed, scale, v, grad_w, hyper, seed, *, C: int, lagged: boo
 # Counter update from the layer's input and output gradient.
 
 
-def _update_tile(packed_out_ref, seed, r0, g0, block_rows, block_groups, mask, rows, groups,
-                 codes, grads, ratio_m1, step, active, *, C, in_features, high_word):
-  """Stochastically rounded step of a group tile's four lanes; skipped rows are not stored."""
-  new_codes = _tick_lanes(seed, rows, groups, codes, grads, ratio_m1, step, C=C,
-                          codes_per_unit=4, in_features=in_features, high_word=high_word)
-  _store_codes(packed_out_ref, r0, block_rows, g0, block_groups, new_codes, mask & active)
+def _io_gradient_tile(x_ref, grad_out_ref, r0, u0, row_mask, *, n_cols, m_rows, block_rows,
+                      block_units, per_unit, block_m, compute_dtype, precision):
+  """The ``L`` lanes of ``grad_out^T x`` on a ``(block_rows, block_units)`` unit tile (float32).
 
+  Each step meets a ``(block_m, block_rows)`` tile of ``grad_out`` and a
+  contiguous ``(block_m, block_units * L)`` tile of ``x`` in one
+  ``dot_general`` (float32 accumulation, natural column order); the
+  accumulator is split into lanes once, after the reduction over ``M``.
+  """
+  width = block_units * per_unit
+  col_mask = (u0 * per_unit + _iota(width)) < n_cols
 
-def _io_gradient_tile(x_ref, grad_out_ref, r0, g0, row_mask, group_mask, *, m_rows, block_rows,
-                      block_groups, block_m, compute_dtype, precision):
-  """The four lanes of ``grad_out^T x`` on a ``(block_rows, block_groups)`` tile (float32)."""
-
-  def step(i, accumulators):
+  def step(i, acc):
     m0 = i * block_m
     m_mask = (m0 + _iota(block_m)) < m_rows
     grad_out = plgpu.load(grad_out_ref.at[pl.ds(m0, block_m), pl.ds(r0, block_rows)],
                           mask=m_mask[:, None] & row_mask[None, :], other=0)
-    grad_out = grad_out.astype(compute_dtype)
-    lanes = _load_lanes(x_ref, m0, block_m, g0, block_groups, 4,
-                        m_mask[:, None] & group_mask[None, :], 0)
-    return tuple(
-        acc + jax.lax.dot_general(grad_out, x.astype(compute_dtype), _DIMS_TN,
-                                  precision=precision, preferred_element_type=_F32)
-        for acc, x in zip(accumulators, lanes))
+    x = plgpu.load(x_ref.at[pl.ds(m0, block_m), pl.ds(u0 * per_unit, width)],
+                   mask=m_mask[:, None] & col_mask[None, :], other=0)
+    return acc + jax.lax.dot_general(grad_out.astype(compute_dtype), x.astype(compute_dtype),
+                                     _DIMS_TN, precision=precision,
+                                     preferred_element_type=_F32)
 
-  zeros = jnp.zeros((block_rows, block_groups), _F32)
-  return _loop(_cdiv(m_rows, block_m), step, (zeros,) * 4)
+  acc = _loop(_cdiv(m_rows, block_m), step, jnp.zeros((block_rows, width), _F32))
+  return split_lanes(acc.reshape(block_rows, block_units, per_unit))
+
+
+def _io_tile(x_ref, grad_out_ref, packed_ref, r0, u0, *, layout, n_rows, n_units, m_rows,
+             block_rows, block_units, block_m, compute_dtype, precision):
+  """Rows, units, mask, code lanes and gradient lanes of one from-IO tile."""
+  rows = r0 + _iota(block_rows)
+  units = u0 + _iota(block_units)
+  row_mask = rows < n_rows
+  mask = row_mask[:, None] & (units < n_units)[None, :]
+  grads = _io_gradient_tile(
+      x_ref, grad_out_ref, r0, u0, row_mask, n_cols=n_units * layout.codes, m_rows=m_rows,
+      block_rows=block_rows,
+      block_units=block_units, per_unit=layout.codes, block_m=block_m,
+      compute_dtype=compute_dtype, precision=precision)
+  codes = load_unit_codes(packed_ref, r0, block_rows, u0, block_units, mask, layout)
+  return rows, units, row_mask, mask, codes, grads
 
 
 def _io_fused_kernel(hyper_ref, seed_ref, x_ref, grad_out_ref, packed_ref, scale_ref, v_ref,
-                     packed_out_ref, scale_out_ref, v_out_ref, skipped_ref, *, C, lagged, n_rows,
-                     n_groups, m_rows, block_rows, block_groups, block_m, compute_dtype,
-                     precision, high_word):
-  r0 = pl.program_id(0) * block_rows
-  rows = r0 + _iota(block_rows)
-  row_mask = rows < n_rows
-  mask, groups = _tile_mask(row_mask, 0, block_groups, n_groups)
-  grads = _io_gradient_tile(
-      x_ref, grad_out_ref, r0, 0, row_mask, groups < n_groups, m_rows=m_rows,
-      block_rows=block_rows, block_groups=block_groups, block_m=block_m,
-      compute_dtype=compute_dtype, precision=precision)
-  codes = _load_codes(packed_ref, r0, block_rows, 0, block_groups, mask)
+                     packed_out_ref, scale_out_ref, v_out_ref, skipped_ref, *, C, lagged,
+                     high_word, **tile):
+  """One tile spans whole rows: gradient tile, row statistics and update in one program."""
+  r0 = pl.program_id(0) * tile["block_rows"]
+  layout, block_rows = tile["layout"], tile["block_rows"]
+  rows, units, row_mask, mask, codes, grads = _io_tile(x_ref, grad_out_ref, packed_ref, r0, 0,
+                                                       **tile)
   sum_sq, sum_gt = _tile_stats(codes, grads, C)
+  in_features = layout.codes * tile["n_units"]
   scale = _load_vector(scale_ref, r0, block_rows, row_mask, 1.0)
   v = _load_vector(v_ref, r0, block_rows, row_mask, 0.0)
   scale_new, v_new, ratio_m1, step, active = ref_lib.row_update(
-      sum_sq, sum_gt, scale, v, _read_hyper(hyper_ref), in_features=4 * n_groups, C=C,
+      sum_sq, sum_gt, scale, v, _read_hyper(hyper_ref), in_features=in_features, C=C,
       lagged=lagged)
   _store_vector(scale_out_ref, r0, block_rows, scale_new, row_mask)
   _store_vector(v_out_ref, r0, block_rows, v_new, row_mask)
   _store_vector(skipped_ref, r0, block_rows, (~active).astype(_I32), row_mask)
-  _update_tile(packed_out_ref, seed_ref[0], r0, 0, block_rows, block_groups, mask, rows, groups,
-               codes, grads, ratio_m1[:, None], step[:, None], active[:, None], C=C,
-               in_features=4 * n_groups, high_word=high_word)
+  new_codes = _tick_lanes(seed_ref[0], rows, units, codes, grads, ratio_m1[:, None],
+                          step[:, None], C=C, codes_per_unit=layout.codes,
+                          in_features=in_features, high_word=high_word)
+  store_unit_codes(packed_out_ref, r0, block_rows, 0, tile["block_units"], new_codes,
+                   mask & active[:, None], layout)
 
 
-def _io_stats_kernel(x_ref, grad_out_ref, packed_ref, sum_sq_ref, sum_gt_ref, *, C, n_rows,
-                     n_groups, m_rows, block_rows, block_groups, block_m, compute_dtype,
-                     precision):
-  r0 = pl.program_id(0) * block_rows
-  tile = pl.program_id(1)
-  g0 = tile * block_groups
-  row_mask = (r0 + _iota(block_rows)) < n_rows
-  mask, groups = _tile_mask(row_mask, g0, block_groups, n_groups)
-  grads = _io_gradient_tile(
-      x_ref, grad_out_ref, r0, g0, row_mask, groups < n_groups, m_rows=m_rows,
-      block_rows=block_rows, block_groups=block_groups, block_m=block_m,
-      compute_dtype=compute_dtype, precision=precision)
-  codes = _load_codes(packed_ref, r0, block_rows, g0, block_groups, mask)
+def _io_stats_kernel(x_ref, grad_out_ref, packed_ref, sum_sq_ref, sum_gt_ref, *, C, **tile):
+  """Partial row statistics of one tile (``(out, tiles)`` outputs)."""
+  r0 = pl.program_id(0) * tile["block_rows"]
+  index = pl.program_id(1)
+  _, _, row_mask, _, codes, grads = _io_tile(x_ref, grad_out_ref, packed_ref, r0,
+                                             index * tile["block_units"], **tile)
   sum_sq, sum_gt = _tile_stats(codes, grads, C)
-  plgpu.store(sum_sq_ref.at[pl.ds(r0, block_rows), tile], sum_sq, mask=row_mask)
-  plgpu.store(sum_gt_ref.at[pl.ds(r0, block_rows), tile], sum_gt, mask=row_mask)
+  plgpu.store(sum_sq_ref.at[pl.ds(r0, tile["block_rows"]), index], sum_sq, mask=row_mask)
+  plgpu.store(sum_gt_ref.at[pl.ds(r0, tile["block_rows"]), index], sum_gt, mask=row_mask)
 
 
 def _io_apply_kernel(seed_ref, x_ref, grad_out_ref, ratio_ref, step_ref, active_ref, packed_ref,
-                     packed_out_ref, *, C, n_rows, n_groups, m_rows, block_rows, block_groups,
-                     block_m, compute_dtype, precision, high_word):
+                     packed_out_ref, *, C, high_word, **tile):
+  """Recompute one tile's gradient and update its codes (skipped rows are not stored)."""
+  block_rows, layout = tile["block_rows"], tile["layout"]
   r0 = pl.program_id(0) * block_rows
-  g0 = pl.program_id(1) * block_groups
-  rows = r0 + _iota(block_rows)
-  row_mask = rows < n_rows
-  mask, groups = _tile_mask(row_mask, g0, block_groups, n_groups)
-  grads = _io_gradient_tile(
-      x_ref, grad_out_ref, r0, g0, row_mask, groups < n_groups, m_rows=m_rows,
-      block_rows=block_rows, block_groups=block_groups, block_m=block_m,
-      compute_dtype=compute_dtype, precision=precision)
-  codes = _load_codes(packed_ref, r0, block_rows, g0, block_groups, mask)
+  u0 = pl.program_id(1) * tile["block_units"]
+  rows, units, row_mask, mask, codes, grads = _io_tile(x_ref, grad_out_ref, packed_ref, r0, u0,
+                                                       **tile)
   ratio_m1 = _load_vector(ratio_ref, r0, block_rows, row_mask, 0.0)[:, None]
   step = _load_vector(step_ref, r0, block_rows, row_mask, 0.0)[:, None]
   active = (_load_vector(active_ref, r0, block_rows, row_mask, 0) != 0)[:, None]
-  _update_tile(packed_out_ref, seed_ref[0], r0, g0, block_rows, block_groups, mask, rows, groups,
-               codes, grads, ratio_m1, step, active, C=C, in_features=4 * n_groups,
-               high_word=high_word)
+  new_codes = _tick_lanes(seed_ref[0], rows, units, codes, grads, ratio_m1, step, C=C,
+                          codes_per_unit=layout.codes, in_features=layout.codes * tile["n_units"],
+                          high_word=high_word)
+  store_unit_codes(packed_out_ref, r0, block_rows, u0, tile["block_units"], new_codes,
+                   mask & active, layout)
 
 
 def counter_update_from_io(packed, scale, v, x, grad_out, hyper, seed, *, C: int, lagged: bool,
@@ -347,48 +343,49 @@ def counter_update_from_io(packed, scale, v, x, grad_out, hyper, seed, *, C: int
   """
   m_rows, in_features = x.shape
   out_features = grad_out.shape[1]
-  n_groups = in_features // 4
   if check_config(config, FromIOConfig) is None:
     config = FromIOConfig.get_heuristics_config(
         (m_rows, out_features, in_features), jnp.promote_types(x.dtype, grad_out.dtype))
   compute_dtype, precision = _dot_setup(x.dtype, grad_out.dtype, config.allow_tf32)
   high_word = ref_lib.needs_high_word(out_features, in_features)
-  common = dict(C=C, n_rows=out_features, n_groups=n_groups, m_rows=m_rows,
-                block_rows=config.block_rows, block_groups=config.block_groups,
-                block_m=config.block_m, compute_dtype=compute_dtype, precision=precision)
+  layout = unit_layout(in_features, config.word_loads and config.block_groups >= 4)
+  n_units = in_features // layout.codes
+  block_units = max(1, config.block_groups * 4 // layout.codes)
+  tile = dict(layout=layout, n_rows=out_features, n_units=n_units, m_rows=m_rows,
+              block_rows=config.block_rows, block_units=block_units, block_m=config.block_m,
+              compute_dtype=compute_dtype, precision=precision)
   n_row_blocks = _cdiv(out_features, config.block_rows)
-  packed3 = _packed_view(packed)
-  x3 = _dense_view(x)
+  units = packed_units(packed, layout)
 
   if config.fused(in_features):
-    kernel = functools.partial(_io_fused_kernel, lagged=lagged, high_word=high_word, **common)
+    kernel = functools.partial(_io_fused_kernel, C=C, lagged=lagged, high_word=high_word, **tile)
     out_shape = (
-        jax.ShapeDtypeStruct(packed3.shape, jnp.uint8),
+        jax.ShapeDtypeStruct(units.shape, units.dtype),
         jax.ShapeDtypeStruct((out_features,), _F32),
         jax.ShapeDtypeStruct((out_features,), _F32),
         jax.ShapeDtypeStruct((out_features,), _I32),
     )
-    new_packed, new_scale, new_v, skipped = _call(
+    new_units, new_scale, new_v, skipped = _call(
         kernel, name="ternary_counter_update_from_io", grid=(n_row_blocks,),
         out_shape=out_shape, config=config, interpret=interpret,
         input_output_aliases={4: 0, 5: 1, 6: 2},
-    )(hyper, seed, x3, grad_out, packed3, scale, v)
-    return new_packed.reshape(packed.shape), new_scale, new_v, skipped.astype(jnp.bool_)
+    )(hyper, seed, x, grad_out, units, scale, v)
+    return packed_bytes(new_units, layout), new_scale, new_v, skipped.astype(jnp.bool_)
 
-  n_tiles = _cdiv(n_groups, config.block_groups)
+  n_tiles = _cdiv(n_units, block_units)
   grid = (n_row_blocks, n_tiles)
   partial_shape = jax.ShapeDtypeStruct((out_features, n_tiles), _F32)
   sum_sq, sum_gt = _call(
-      functools.partial(_io_stats_kernel, **common), name="ternary_from_io_stats", grid=grid,
+      functools.partial(_io_stats_kernel, C=C, **tile), name="ternary_from_io_stats", grid=grid,
       out_shape=(partial_shape, partial_shape), config=config, interpret=interpret,
-  )(x3, grad_out, packed3)
+  )(x, grad_out, units)
   new_scale, new_v, ratio_m1, step, active = ref_lib.row_update(
       sum_sq.sum(axis=1), sum_gt.sum(axis=1), scale, v, hyper, in_features=in_features, C=C,
       lagged=lagged)
-  new_packed = _call(
-      functools.partial(_io_apply_kernel, high_word=high_word, **common),
+  new_units = _call(
+      functools.partial(_io_apply_kernel, C=C, high_word=high_word, **tile),
       name="ternary_from_io_update", grid=grid,
-      out_shape=jax.ShapeDtypeStruct(packed3.shape, jnp.uint8), config=config,
+      out_shape=jax.ShapeDtypeStruct(units.shape, units.dtype), config=config,
       interpret=interpret, input_output_aliases={6: 0},
-  )(seed, x3, grad_out, ratio_m1, step, active.astype(_I32), packed3)
-  return new_packed.reshape(packed.shape), new_scale, new_v, ~active
+  )(seed, x, grad_out, ratio_m1, step, active.astype(_I32), units)
+  return packed_bytes(new_units, layout), new_scale, new_v, ~active
