@@ -15,8 +15,8 @@ Parts (``--part``, each writes ``ternary_<part>.json`` to ``--out`` and prints a
   matmul), at M = 1, 4, 16, 256, 1024 on 4096x4096 and 8192x8192; ``before``
   (old kernel, old default) and ``after`` (new default); then a sweep of the
   new candidates at a few (M, shape). Each call in a timed group reads a
-  different copy of the weights (more bytes than the L2 cache), so
-  small-M numbers are DRAM-bound as in a model's decode step.
+  different copy of the weights (the packed copies alone cover twice the L2
+  cache), so small-M numbers are DRAM-bound as in a model's decode step.
 * ``from_io``: :func:`counter_update_from_io` against an XLA GEMM
   (``grad_out^T x``) plus the fused update, before and after, with each
   compiled executable's temporary memory (``memory_analysis()``).
@@ -200,9 +200,13 @@ def part_check(args, budget) -> dict:
       y_ref = jax.jit(functools.partial(reference.ternary_matmul_reference, C=C,
                                         out_dtype=jnp.float32))(x, packed, scale)
       shape = (m_rows, out_features, in_features)
-      configs = config_lib.MatmulConfig.candidates(shape, dtype)
-      if dtype == jnp.float32:
-        configs = configs[:1]
+      # The heuristic and the other methods here; the sweep screens every candidate.
+      configs = [config_lib.MatmulConfig.get_heuristics_config(shape, dtype)]
+      if dtype == jnp.bfloat16:
+        configs += [c for c in config_lib.MatmulConfig.candidates(shape, dtype)
+                    if c.method != configs[0].method]
+        configs.append(config_lib.MatmulConfig(method="decode"))
+        configs = list(dict.fromkeys(configs))
       for config in configs:
         name = f"ternary_matmul M={m_rows} {out_features}x{in_features} " \
                f"{jnp.dtype(dtype).name} {_short(config)}"
@@ -336,8 +340,9 @@ def part_update(args, budget) -> dict:
 # Part: packed matmul.
 
 
-def _copies(dense_bytes: int, quick: bool) -> int:
-  return 1 if quick else max(1, min(8, -(-2 * L2_BYTES // dense_bytes)))
+def _copies(packed_bytes: int, quick: bool) -> int:
+  """Weight copies per timed group: the packed ones alone cover twice the L2 cache."""
+  return 1 if quick else max(1, min(8, -(-2 * L2_BYTES // packed_bytes)))
 
 
 def part_matmul(args, budget) -> dict:
@@ -346,7 +351,7 @@ def part_matmul(args, budget) -> dict:
   batches = (1, 4, 16, 32) if args.quick else (1, 4, 16, 256, 1024)
   out = {"cases": {}, "sweeps": {}}
   for out_features, in_features in shapes:
-    n_copies = _copies(out_features * in_features * 2, args.quick)
+    n_copies = _copies(out_features * in_features * 3 // 4, args.quick)
     packs = [make_state(jax.random.key(10 + i), out_features, in_features)[:2]
              for i in range(n_copies)]
     dense = [reference.ternary_decode_reference(p, s, C, jnp.bfloat16) for p, s in packs]
@@ -399,7 +404,7 @@ def part_matmul(args, budget) -> dict:
   for m_rows, out_features, in_features in sweep_cases:
     tag = f"M={m_rows} {out_features}x{in_features}"
     shape = (m_rows, out_features, in_features)
-    n_copies = _copies(out_features * in_features * 2, args.quick)
+    n_copies = _copies(out_features * in_features * 3 // 4, args.quick)
     packs = [make_state(jax.random.key(20 + i), out_features, in_features)[:2]
              for i in range(n_copies)]
     xs = [jax.random.normal(jax.random.key(200 + i), (m_rows, in_features), jnp.bfloat16)
@@ -437,7 +442,7 @@ def part_from_io(args, budget) -> dict:
   interpret = args.quick
   out_features, in_features = (64, 16 * 8) if args.quick else (4096, 4096)
   out = {"cases": {}}
-  for m_rows in ((32, 64) if args.quick else (256, 1024, 4096)):
+  for m_rows in ((32, 64) if args.quick else (4096, 1024, 256)):
     tag = f"M={m_rows} {out_features}x{in_features} bf16"
     if not budget.allows(tag):
       continue
@@ -463,10 +468,6 @@ def part_from_io(args, budget) -> dict:
     row = {}
     state_key = jax.random.key(10)
     for name, fn in forms.items():
-      if name.startswith("before_from_io") and m_rows > 1024 and not args.quick:
-        row[name] = {"skipped": "old kernel: ~95 ms at M=32768, ~12 ms at 4096 (RESULTS.md)"}
-        continue
-
       def measure(fn=fn):
         run = chained(fn, inner)
         timing = median_time(lambda p, s, v: run(p, s, v, x, grad_out),
@@ -483,6 +484,37 @@ def part_from_io(args, budget) -> dict:
       if row[name].get("seconds") and dense:
         row[name]["time_vs_after_gemm_plus_update"] = row[name]["seconds"] / dense
     out["cases"][tag] = row
+  # Sweep of the new kernel's tilings at one batch (each screened first).
+  m_rows = 32 if args.quick else 1024
+  x = jax.random.normal(jax.random.key(11), (m_rows, in_features), jnp.bfloat16)
+  grad_out = jax.random.normal(jax.random.key(12), (m_rows, out_features), jnp.bfloat16)
+  packed, scale, v = make_state(jax.random.key(13), out_features, in_features)
+  hyper, seed = hyper_array(), jnp.full((1,), 7, jnp.uint32)
+  expected = jax.jit(functools.partial(reference.counter_update_from_io_reference, C=C,
+                                       lagged=False))(packed, scale, v, x, grad_out, hyper,
+                                                      seed[0])
+  sweep = out["sweep"] = {"shape": [m_rows, out_features, in_features], "candidates": {}}
+  shape = (m_rows, out_features, in_features)
+  for config in config_lib.FromIOConfig.candidates(shape)[: (1 if args.quick else None)]:
+    name = _short(config)
+    if not budget.allows(f"sweep from_io {name}"):
+      continue
+
+    def screened(config=config):
+      fn = functools.partial(update_kernels.counter_update_from_io, C=C, lagged=False,
+                             config=config, interpret=interpret)
+      check = compare_states(jax.jit(fn)(packed, scale, v, x, grad_out, hyper, seed), expected,
+                             packed)
+      if not check["within_spec"]:
+        return {"excluded": True, "check": check}
+      run = chained(fn, 2)
+      key = jax.random.key(14)
+      timing = median_time(lambda p, s, v: run(p, s, v, x, grad_out),
+                           lambda: make_state(key, out_features, in_features),
+                           samples=max(3, args.samples // 2))
+      return {"seconds": timing["median_s"] / 2, "off_fraction": check["off_fraction"]}
+
+    sweep["candidates"][name] = _guard(screened)
   return out
 
 
@@ -547,6 +579,12 @@ def format_table(part: str, result: dict) -> str:
                        f"{temp:8.1f} MiB  x{cell.get('time_vs_after_gemm_plus_update', 0):.2f}")
         else:
           lines.append(f"{tag:<24} {name:<26} {cell}")
+    sweep = result.get("sweep", {})
+    if sweep:
+      lines.append(f"sweep from_io M,out,in={sweep['shape']}")
+      for name, row in sweep["candidates"].items():
+        detail = f"{row['seconds'] * 1e3:8.3f} ms" if "seconds" in row else str(row)[:80]
+        lines.append(f"  {name:<100} {detail}")
   return "\n".join(lines)
 
 

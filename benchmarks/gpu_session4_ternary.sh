@@ -25,7 +25,7 @@ run() {  # run TIMEOUT PART BUDGET
   echo "=== part $2 exit ${PIPESTATUS[0]} ===" | tee -a "$LOG"
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$LOG"
-run 60 check 35
+run 55 check 30
 run 80 update 55
-run 115 matmul 90
-run 40 from_io 20
+run 110 matmul 85
+run 50 from_io 30

@@ -90,7 +90,7 @@ def test_low_rank_benchmark_quick(tmp_path):
 
 def test_ternary_benchmark_quick(tmp_path):
   """The compiled-check part (what the GPU script runs first), cut short by its budget."""
-  _run(tmp_path, "bench_ternary.py", "--part", "check", "--quick", "--budget", "6")
+  _run(tmp_path, "bench_ternary.py", "--part", "check", "--quick", "--budget", "2")
   with open(tmp_path / "ternary_check.json") as f:
     record = json.load(f)
   checks = record["result"]

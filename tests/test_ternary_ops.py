@@ -302,8 +302,11 @@ def test_counter_update_kernel_matches_reference(rng, implementation, dtype, lag
 
 
 @pytest.mark.parametrize("implementation", KERNEL_IMPLS)
-@pytest.mark.parametrize("dtype,lagged", [(jnp.float32, False), (jnp.bfloat16, True)])
-def test_counter_update_from_io_kernel_matches_reference(rng, implementation, dtype, lagged):
+@pytest.mark.parametrize("dtype,lagged,first_case", [(jnp.float32, False, 0),
+                                                     (jnp.bfloat16, True, 1)])
+def test_counter_update_from_io_kernel_matches_reference(rng, implementation, dtype, lagged,
+                                                          first_case):
+  """Fused and two-kernel paths in byte and word units (two of the four per case)."""
   out_features, m_rows = int(rng.integers(17, 40)) | 1, int(rng.integers(5, 40)) | 1
   C = int(rng.integers(1, 12))
   kwargs = hyper_kwargs(rng, C)
@@ -316,7 +319,8 @@ def test_counter_update_from_io_kernel_matches_reference(rng, implementation, dt
                                        num_warps=2, num_stages=2)),
       (16 * 7, config_lib.FromIOConfig(block_rows=16, block_groups=8, block_m=16)),
   ]
-  for in_features, config in cases:
+  # Case 0 runs fused bytes + two-kernel words, case 1 fused words + two-kernel bytes.
+  for in_features, config in (cases[first_case], cases[3 - first_case]):
     _, packed, scale, v = random_state(rng, out_features, in_features, C)
     x = cast(rng.normal(size=(m_rows, in_features)), dtype)
     grad_out = cast(rng.normal(size=(m_rows, out_features)), dtype)
@@ -435,7 +439,7 @@ def test_kernel_aliases_state_buffers():
 @pytest.mark.parametrize("implementation", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
-  """Every method (dot tiles, split along in, fma, decode), word and byte units."""
+  """Every method (dot tiles, split along in, fma, decode) over the dtypes; word and byte units."""
   # bfloat16 runs byte units (in = 4 * odd), the others word units (in = 16 * odd).
   in_features = (4 if dtype == jnp.bfloat16 else 16) * (int(rng.integers(5, 12)) | 1)
   out_features = int(rng.integers(5, 40)) | 1
@@ -451,7 +455,9 @@ def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
       ((2, 1), config(block_m=2, block_n=8, block_groups=4, method="fma", word_loads=False)),
       ((5,), config(method="decode")),
   ]
-  for batch_shape, config in cases:
+  # The heuristic, and two of the five other forms per dtype (all five over the three).
+  first = DTYPES.index(dtype) * 2
+  for batch_shape, config in [cases[0]] + [cases[1 + (first + k) % 5] for k in range(2)]:
     x = cast(rng.normal(size=batch_shape + (in_features,)), dtype)
     y = ternary.ternary_matmul(x, packed, scale, C=C, implementation=implementation,
                                config=config)
@@ -647,7 +653,7 @@ def test_counter_update_candidates_are_valid():
     candidates = config_lib.CounterUpdateConfig.candidates(shape)
     assert candidates[0] == config_lib.CounterUpdateConfig.get_heuristics_config(shape)
     assert len(set(candidates)) == len(candidates)
-    assert any(not c.word_loads for c in candidates)
+    assert len({c.word_loads for c in candidates}) == 2
 
 
 def test_config_validation():
@@ -689,6 +695,17 @@ def _lowerings():
                     functools.partial(update_kernels.counter_update_from_io, C=5, lagged=True),
                     (packed, row, row, spec((33, in_features), dtype),
                      spec((33, out_features), dtype), hyper, seed)))
+    # The non-default forms: CUDA-core GEMV tiles and byte-unit, strided update loads.
+    cases.append((f"matmul fma {out_features}x{in_features}", functools.partial(
+        matmul_kernels.ternary_matmul, C=5, out_dtype=jnp.bfloat16,
+        config=config_lib.MatmulConfig(block_m=1, block_n=16, block_groups=64, method="fma",
+                                       split_k=2)),
+                  (spec((1, in_features), jnp.bfloat16), packed, row)))
+    cases.append((f"update bytes {out_features}x{in_features}", functools.partial(
+        update_kernels.counter_update, C=5, lagged=False,
+        config=config_lib.CounterUpdateConfig(word_loads=False, vector_loads=False)),
+                  (packed, row, row, spec((out_features, in_features), jnp.float32), hyper,
+                   seed)))
     cases.append(("pack", kernels.pack_codes, (spec((out_features, in_features), jnp.uint8),)))
     cases.append(("unpack", kernels.unpack_codes, (packed,)))
     cases.append(("decode", functools.partial(kernels.ternary_decode, C=5, dtype=jnp.bfloat16),
@@ -752,11 +769,11 @@ def test_tuning_screen_excludes_a_wrong_update_config_and_records_it(rng, monkey
   from jaxnoise.ops import autotune  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.ternary import pallas_triton_update, tuning  # pylint: disable=g-import-not-at-top
   autotune.clear()
-  out_features, in_features, C = 9, 16 * 3, 4
+  out_features, in_features, C = 9, 4 * 5, 4
   _, packed, scale, v = random_state(rng, out_features, in_features, C)
   grad = jnp.asarray(rng.normal(size=(out_features, in_features)), jnp.float32)
-  good = config_lib.CounterUpdateConfig(block_rows=2, block_groups=16, tail_groups=4)
-  bad = config_lib.CounterUpdateConfig(block_rows=1, block_groups=16, tail_groups=16)
+  good = config_lib.CounterUpdateConfig(block_rows=2, block_groups=8, tail_groups=4)
+  bad = config_lib.CounterUpdateConfig(block_rows=1, block_groups=8, tail_groups=8)
   real = pallas_triton_update.counter_update
 
   def corrupted_when_bad(*args, config=None, **kwargs):

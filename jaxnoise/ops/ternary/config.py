@@ -207,9 +207,21 @@ class CounterUpdateConfig:
     tail_groups = min(block_groups, max(4, block_groups // 16))
     block_rows = max(1, min(next_power_of_2(out_features), 1024 // block_groups))
     config = cls(block_rows=block_rows, block_groups=block_groups, tail_groups=tail_groups)
-    largest = config.row_chunks(groups)[0][1]
-    return dataclasses.replace(config, num_warps=_warps_for(block_rows * largest, 4),
-                               num_stages=1)
+    chunks = config.row_chunks(groups)
+    num_warps = _warps_for(block_rows * chunks[0][1], 4)
+    config = dataclasses.replace(config, num_warps=num_warps, num_stages=1)
+    # Word units (16 codes) are cheaper per weight, but a chunk smaller than the
+    # program's threads is replicated across them: pick the layout with the lower
+    # estimated cost (SASS instructions per weight, sm_90, measured offline).
+    threads = 32 * num_warps
+    cost = {}
+    for words, per_unit, per_weight in ((True, 4, 52.0), (False, 1, 60.0)):
+      if words and not config.uses_words(in_features):
+        continue
+      slots = sum(-(-block_rows * max(1, size // per_unit) // threads) for _, size in chunks)
+      used = block_rows * groups / per_unit
+      cost[words] = per_weight * slots * threads / used
+    return dataclasses.replace(config, word_loads=min(cost, key=cost.get))
 
   @classmethod
   def candidates(cls, shape: Sequence[int], dtype: Any = jnp.float32
@@ -217,14 +229,15 @@ class CounterUpdateConfig:
     """The heuristic and its neighbours (autotuning and the benchmark sweep).
 
     Half and twice the warps, the row rounded to whole chunks (one masked
-    chunk), byte-wise code loads, strided gradient loads, two rows per program.
+    chunk), the other code layout (words / bytes), strided gradient loads, two
+    rows per program.
     """
     base = cls.get_heuristics_config(shape, dtype)
     out = [base,
            dataclasses.replace(base, num_warps=max(1, base.num_warps // 2)),
            dataclasses.replace(base, num_warps=min(16, base.num_warps * 2)),
            dataclasses.replace(base, tail_groups=base.block_groups),
-           dataclasses.replace(base, word_loads=False),
+           dataclasses.replace(base, word_loads=not base.word_loads),
            dataclasses.replace(base, vector_loads=False)]
     if base.block_rows == 1 and int(shape[0]) > 1:
       out.append(dataclasses.replace(base, block_rows=2, num_warps=min(16, base.num_warps * 2)))
@@ -282,14 +295,14 @@ class FromIOConfig:
     """A default for ``(M, out, in)`` and the inputs' ``dtype``.
 
     Rows up to ``in = 512`` fit one tile (a single fused kernel). Longer
-    rows use ``128 x 128`` tiles (64 for float32 inputs) in two kernels
-    (statistics, then a recomputing update), each a GEMM over ``M`` in steps
-    of ``block_m`` with ``out / 128 * in / 128`` programs.
+    rows use ``64 x 128`` tiles in two kernels (statistics, then a
+    recomputing update), each a GEMM over ``M`` in steps of ``block_m`` with
+    ``out / 64 * in / 128`` programs.
 
     Example:
       >>> config = FromIOConfig.get_heuristics_config((4096, 4096, 4096), "bfloat16")
       >>> config.fused(4096), config.block_rows, 4 * config.block_groups
-      (False, 128, 128)
+      (False, 64, 128)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     groups = max(1, in_features // 4)
@@ -300,9 +313,11 @@ class FromIOConfig:
       block_groups = max(4, next_power_of_2(groups))
       return cls(block_rows=16, block_groups=block_groups, block_m=block_m,
                  num_warps=_warps_for(4 * 16 * block_groups, 32), num_stages=3)
-    block_rows = max(16, min(128 if itemsize <= 2 else 64, next_power_of_2(out_features)))
-    return cls(block_rows=block_rows, block_groups=32, block_m=block_m,
-               num_warps=8 if block_rows >= 128 else 4, num_stages=3)
+    # 64 x 128 tiles, 4 warps: 128 registers and no spills in either kernel (sm_90,
+    # offline); 128 x 128 spills a little in the update kernel (a sweep candidate).
+    block_rows = max(16, min(64, next_power_of_2(out_features)))
+    return cls(block_rows=block_rows, block_groups=32, block_m=block_m, num_warps=4,
+               num_stages=3)
 
   @classmethod
   def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> list["FromIOConfig"]:
@@ -310,7 +325,7 @@ class FromIOConfig:
     base = cls.get_heuristics_config(shape, dtype)
     out = [base]
     if not base.fused(int(shape[2])):
-      out += [dataclasses.replace(base, block_rows=64, block_groups=32, num_warps=4),
+      out += [dataclasses.replace(base, block_rows=128, block_groups=32, num_warps=8),
               dataclasses.replace(base, block_rows=64, block_groups=64, block_m=32,
                                   num_warps=8),
               dataclasses.replace(base, block_m=32, num_stages=4),
@@ -403,10 +418,16 @@ class MatmulConfig:
     itemsize = jnp.dtype(dtype).itemsize
     steps_of = lambda groups: max(1, -(-max(1, in_features // 4) // groups))
     if m_rows <= 16:
-      n_blocks = -(-out_features // 64)
-      split = min(steps_of(64), next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
-      return cls(block_m=16, block_n=64, block_groups=64, num_warps=4, num_stages=3,
+      # float32 products are exact FMA tiles (no TF32): 32 outputs x 32 inputs per
+      # step keep them in registers (offline, sm_90: 126 registers, no spills).
+      block_n, groups = (64, 64) if itemsize <= 2 else (32, 8)
+      n_blocks = -(-out_features // block_n)
+      split = min(steps_of(groups), next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
+      return cls(block_m=16, block_n=block_n, block_groups=groups, num_warps=4, num_stages=3,
                  split_k=split)
+    if itemsize >= 4:
+      # Exact float32 GEMM tiles spill; XLA's float32 GEMM on the decoded t is exact too.
+      return cls(method="decode")
     if m_rows <= 64:
       block_m = max(16, next_power_of_2(m_rows))
       n_blocks = -(-out_features // 64)
@@ -444,7 +465,7 @@ class MatmulConfig:
       if m_rows >= 256:
         out += [cls(block_m=128, block_n=256, block_groups=16, num_warps=8, num_stages=3),
                 cls(block_m=256, block_n=128, block_groups=16, num_warps=8, num_stages=3),
-                cls(block_m=128, block_n=128, block_groups=16, num_warps=4, num_stages=4)]
+                cls(block_m=128, block_n=128, block_groups=16, num_warps=8, num_stages=4)]
     unique = []
     for config in out:
       if config not in unique:
