@@ -562,9 +562,9 @@ def format_table(part: str, result: dict) -> str:
         if "seconds" in cell:
           cells.append(f"{name} {cell['seconds'] * 1e6:.1f}us "
                        f"({cell.get('speedup_vs_bf16', 0):.2f}x)")
-        else:
+        elif cell:
           cells.append(f"{name} {cell.get('error', 'n/a')[:40]}")
-      lines.append(f"{tag:<22} " + " | ".join(cells))
+      lines.append(f"{tag:<22} " + " | ".join(cells) + f"  [after: {row['after_config']}]")
     for tag, rows in result["sweeps"].items():
       lines.append(f"sweep {tag}")
       for name, row in rows.items():
