@@ -44,7 +44,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jaxnoise  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxnoise import noise as noise_lib  # noqa: E402
 from jaxnoise.ops.ternary import config as ternary_config  # noqa: E402
-from jaxnoise.ops.ternary import pallas_triton as ternary_kernels  # noqa: E402
+from jaxnoise.ops.ternary import pallas_triton_update as ternary_kernels  # noqa: E402
 from jaxnoise.ops.virtual_noise import config as vn_config  # noqa: E402
 from jaxnoise.ops.virtual_noise import pallas_triton as vn_kernels  # noqa: E402
 
@@ -104,8 +104,8 @@ def cases(only):
     hyper, seed = spec((4,), jnp.float32), spec((1,), jnp.uint32)
     base = ternary_config.CounterUpdateConfig.get_heuristics_config(shape)
     for name, config in (("heuristic", None),
-                         ("bitwise+dense", dataclasses.replace(base, bitwise=True,
-                                                               dense_grad=True))):
+                         ("bytes+strided", dataclasses.replace(base, word_loads=False,
+                                                               vector_loads=False))):
       out.append((f"counter_update {name} {shape[0]}x{shape[1]}", functools.partial(
           ternary_kernels.counter_update, C=11, lagged=False, config=config),
           dict(packed=packed, scale=row, v=row, grad_w=spec(shape, jnp.float32), hyper=hyper,

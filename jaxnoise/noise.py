@@ -372,8 +372,24 @@ def uniform01(seed, index_hi, index_lo, *, high_word: bool = True) -> jax.Array:
   if not high_word:
     index_hi = jnp.zeros((), _U32)
   multiplier, increment = stream_keys(seed, index_hi)
-  word = hash_word(multiplier, increment, index_lo)
+  return uniform01_of_word(hash_word(multiplier, increment, index_lo))
+
+
+def uniform01_of_word(word: jax.Array) -> jax.Array:
+  """The ``[0, 1)`` float32 of :func:`uniform01` from its hashed uint32 word."""
   return (word >> 8).astype(jnp.int32).astype(jnp.float32) * jnp.float32(2.0**-24)
+
+
+def uniform01_run(seed, index_lo, n: int) -> list[jax.Array]:
+  """:func:`uniform01` at ``index_lo + j`` for ``j < n`` (high word 0), sharing the product.
+
+  ``(lo + j) * m + c = (lo * m + c) + j * m`` modulo 2**32, so a run of ``n``
+  consecutive indices costs one multiply and ``n`` adds before the finaliser.
+  The caller guarantees ``index_lo + j`` does not wrap past 2**32.
+  """
+  multiplier, increment = stream_keys(seed, jnp.zeros((), _U32))
+  base = index_lo * multiplier + increment
+  return [uniform01_of_word(mix32(base + _U32(j) * multiplier)) for j in range(n)]
 
 
 def fits_32_bits(kind: NoiseKind, offset: int, n_elements: int) -> bool:

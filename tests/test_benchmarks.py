@@ -100,3 +100,14 @@ def test_compile_bisect_lowers_its_cases(tmp_path):
     cases = json.load(f)["cases"]
   assert set(cases) == {"fwd uniform 2^32+5 old", "fwd normal 2^32+5 new"}
   assert all("lower_s" in entry for entry in cases.values()), cases
+
+
+def test_ternary_benchmark_quick(tmp_path):
+  """The compiled-check part (what the GPU script runs first), cut short by its budget."""
+  _run(tmp_path, "bench_ternary.py", "--part", "check", "--quick", "--budget", "2")
+  with open(tmp_path / "ternary_check.json") as f:
+    record = json.load(f)
+  checks = record["result"]
+  assert checks and "error" not in checks, checks
+  updates = [row for name, row in checks.items() if name.startswith("counter_update")]
+  assert updates and all(row["within_spec"] for row in updates), updates

@@ -67,6 +67,12 @@ def hyper_kwargs(rng, C):
               seed=int(rng.integers(0, 2**32)))
 
 
+class TwoPassUpdateConfig(config_lib.CounterUpdateConfig):
+  """A counter-update config that takes the two-pass loop from 8 groups up (for tests)."""
+
+  MAX_RESIDENT_GROUPS = 4
+
+
 def cast(array, dtype):
   return jnp.asarray(array).astype(dtype)
 
@@ -259,23 +265,31 @@ def test_rounding_draw_is_the_shared_hash(rng):
 
 
 @pytest.mark.parametrize("implementation", KERNEL_IMPLS)
-@pytest.mark.parametrize("dtype,lagged", [(jnp.float32, False), (jnp.float32, True),
-                                          (jnp.bfloat16, False), (jnp.float16, True)])
-def test_counter_update_kernel_matches_reference(rng, implementation, dtype, lagged):
-  out_features, in_features = int(rng.integers(8, 40)) | 1, 4 * (int(rng.integers(5, 30)) | 1)
+@pytest.mark.parametrize("dtype,lagged,alternative", [
+    (jnp.float32, False, 0), (jnp.float32, True, 1), (jnp.bfloat16, False, 2),
+    (jnp.float16, True, 1)])
+def test_counter_update_kernel_matches_reference(rng, implementation, dtype, lagged,
+                                                  alternative):
+  """The heuristic config and one alternative tiling (each case a different one)."""
+  # Rows of 4 * odd inputs (byte units) or 16 * odd (word units), odd row counts.
+  out_features = int(rng.integers(8, 40)) | 1
+  in_features = int(rng.choice([4, 16])) * (int(rng.integers(3, 20)) | 1)
   C = int(rng.integers(1, 12))
   _, packed, scale, v = random_state(rng, out_features, in_features, C)
   grad = cast(rng.normal(size=(out_features, in_features)) * rng.uniform(0.1, 3), dtype)
   kwargs = hyper_kwargs(rng, C)
   expected = ternary.counter_update(packed, scale, v, grad, lagged=lagged,
                                     implementation="reference", donate=False, **kwargs)
-  configs = [None, config_lib.CounterUpdateConfig(block_rows=4, block_groups=4, num_warps=1,
-                                                  num_stages=2),
-             config_lib.CounterUpdateConfig(block_rows=2, block_groups=64, bitwise=True,
-                                            dense_grad=True),
-             config_lib.CounterUpdateConfig(block_rows=4, block_groups=8, num_stages=2,
-                                            bitwise=True, dense_grad=True)]
-  for config in configs:
+  alternatives = [
+      # Two-pass loop (rows past MAX_RESIDENT_GROUPS take it; forced here), bytes, strided.
+      TwoPassUpdateConfig(block_rows=4, block_groups=4, tail_groups=4, num_warps=1,
+                          num_stages=2, word_loads=False, vector_loads=False),
+      # Chunked resident rows: a power-of-2 chunk and masked tails, words where in % 16 == 0.
+      config_lib.CounterUpdateConfig(block_rows=2, block_groups=16, tail_groups=4),
+      config_lib.CounterUpdateConfig(block_rows=1, block_groups=64, tail_groups=64,
+                                     word_loads=False),
+  ]
+  for config in [None, alternatives[alternative]]:
     result = ternary.counter_update(packed, scale, v, grad, lagged=lagged,
                                     implementation=implementation, config=config,
                                     donate=False, **kwargs)
@@ -288,17 +302,25 @@ def test_counter_update_kernel_matches_reference(rng, implementation, dtype, lag
 
 
 @pytest.mark.parametrize("implementation", KERNEL_IMPLS)
-@pytest.mark.parametrize("dtype,lagged", [(jnp.float32, False), (jnp.bfloat16, True)])
-def test_counter_update_from_io_kernel_matches_reference(rng, implementation, dtype, lagged):
+@pytest.mark.parametrize("dtype,lagged,first_case", [(jnp.float32, False, 0),
+                                                     (jnp.bfloat16, True, 1)])
+def test_counter_update_from_io_kernel_matches_reference(rng, implementation, dtype, lagged,
+                                                          first_case):
+  """Fused and two-kernel paths in byte and word units (two of the four per case)."""
   out_features, m_rows = int(rng.integers(17, 40)) | 1, int(rng.integers(5, 40)) | 1
   C = int(rng.integers(1, 12))
   kwargs = hyper_kwargs(rng, C)
   cases = [
-      (4 * (int(rng.integers(3, 30)) | 1), None),  # one tile per row: the fused kernel
+      # One tile per row (the fused kernel): byte units, then word units.
+      (4 * (int(rng.integers(3, 30)) | 1), None),
+      (16 * (int(rng.integers(2, 6)) | 1), None),
+      # Statistics + update kernels: byte units, then word units (2 per tile).
       (4 * 37, config_lib.FromIOConfig(block_rows=16, block_groups=16, block_m=16,
-                                       num_warps=2, num_stages=2)),  # statistics + update
+                                       num_warps=2, num_stages=2)),
+      (16 * 7, config_lib.FromIOConfig(block_rows=16, block_groups=8, block_m=16)),
   ]
-  for in_features, config in cases:
+  # Case 0 runs fused bytes + two-kernel words, case 1 fused words + two-kernel bytes.
+  for in_features, config in (cases[first_case], cases[3 - first_case]):
     _, packed, scale, v = random_state(rng, out_features, in_features, C)
     x = cast(rng.normal(size=(m_rows, in_features)), dtype)
     grad_out = cast(rng.normal(size=(m_rows, out_features)), dtype)
@@ -323,7 +345,7 @@ def test_counter_update_from_io_kernel_matches_reference(rng, implementation, dt
 
 def test_64_bit_index_path_gives_the_same_bits(rng, monkeypatch):
   """Forcing the (hi, lo) index path (used above 2**32 weights) changes no bit."""
-  from jaxnoise.ops.ternary import pallas_triton as kernels  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_update as kernels  # pylint: disable=g-import-not-at-top
   out_features, in_features, C = 9, 4 * 7, 5
   _, packed, scale, v = random_state(rng, out_features, in_features, C)
   grad = jnp.asarray(rng.normal(size=(out_features, in_features)), jnp.float32)
@@ -404,9 +426,9 @@ def test_kernel_aliases_state_buffers():
   packed, scale = ternary.ternary_init(jnp.ones((4, 8)), C=3)
   args = (packed, scale, jnp.zeros(4), jnp.ones((4, 8)), jnp.ones(4, jnp.float32) * 0.5,
           jnp.zeros((1,), jnp.uint32))
-  from jaxnoise.ops.ternary import api  # pylint: disable=g-import-not-at-top
-  static = api._UpdateStatic(3, False, "interpret", None)  # pylint: disable=protected-access
-  hlo = api._update_donating.lower(static, *args).as_text()  # pylint: disable=protected-access
+  from jaxnoise.ops.ternary import update  # pylint: disable=g-import-not-at-top
+  static = update._UpdateStatic(3, False, "interpret", None)  # pylint: disable=protected-access
+  hlo = update._update_donating.lower(static, *args).as_text()  # pylint: disable=protected-access
   assert "tf.aliasing_output" in hlo or "jax.buffer_donor" in hlo
 
 
@@ -417,13 +439,25 @@ def test_kernel_aliases_state_buffers():
 @pytest.mark.parametrize("implementation", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
-  out_features, in_features = int(rng.integers(5, 40)) | 1, 4 * (int(rng.integers(5, 30)) | 1)
+  """Every method (dot tiles, split along in, fma, decode) over the dtypes; word and byte units."""
+  # bfloat16 runs byte units (in = 4 * odd), the others word units (in = 16 * odd).
+  in_features = (4 if dtype == jnp.bfloat16 else 16) * (int(rng.integers(5, 12)) | 1)
+  out_features = int(rng.integers(5, 40)) | 1
   C = int(rng.integers(1, 12))
   _, packed, scale, _ = random_state(rng, out_features, in_features, C)
   tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
-  configs = [None, config_lib.MatmulConfig(block_m=16, block_n=16, block_groups=16,
-                                           num_warps=2, num_stages=2)]
-  for batch_shape, config in [((int(rng.integers(1, 9)) | 1,), None), ((2, 9), configs[1])]:
+  config = config_lib.MatmulConfig
+  cases = [
+      ((int(rng.integers(1, 9)) | 1,), None),
+      ((2, 9), config(block_m=16, block_n=16, block_groups=16, num_warps=2, num_stages=2)),
+      ((3,), config(block_m=16, block_n=16, block_groups=4, num_warps=2, split_k=3)),
+      ((1,), config(block_m=1, block_n=4, block_groups=8, method="fma", split_k=2)),
+      ((2, 1), config(block_m=2, block_n=8, block_groups=4, method="fma", word_loads=False)),
+      ((5,), config(method="decode")),
+  ]
+  # The heuristic, and two of the five other forms per dtype (all five over the three).
+  first = DTYPES.index(dtype) * 2
+  for batch_shape, config in [cases[0]] + [cases[1 + (first + k) % 5] for k in range(2)]:
     x = cast(rng.normal(size=batch_shape + (in_features,)), dtype)
     y = ternary.ternary_matmul(x, packed, scale, C=C, implementation=implementation,
                                config=config)
@@ -593,7 +627,10 @@ def test_heuristic_configs_are_valid(shape):
   update = configs[1]
   groups = shape[1] // 4
   if groups <= 4096:
-    assert update.block_groups >= groups, "rows up to in=16384 are updated in one pass"
+    chunks = update.row_chunks(groups)
+    assert chunks is not None, "rows up to in=16384 are updated in one pass"
+    assert chunks[-1][0] + chunks[-1][1] >= groups
+    assert all(size & (size - 1) == 0 and size <= update.block_groups for _, size in chunks)
 
 
 def dataclasses_replace_roundtrip(config):
@@ -616,7 +653,7 @@ def test_counter_update_candidates_are_valid():
     candidates = config_lib.CounterUpdateConfig.candidates(shape)
     assert candidates[0] == config_lib.CounterUpdateConfig.get_heuristics_config(shape)
     assert len(set(candidates)) == len(candidates)
-    assert any(c.bitwise and c.dense_grad for c in candidates)
+    assert len({c.word_loads for c in candidates}) == 2
 
 
 def test_config_validation():
@@ -631,7 +668,11 @@ def test_config_validation():
 
 
 def _lowerings():
-  from jaxnoise.ops.ternary import pallas_triton as kernels  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton as kernels
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  from jaxnoise.ops.ternary import pallas_triton_update as update_kernels
+  # pylint: enable=g-import-not-at-top
   spec = jax.ShapeDtypeStruct
   cases = []
   for out_features, in_features in [(37, 44), (4096, 4096), (64, 40000)]:
@@ -640,20 +681,31 @@ def _lowerings():
     hyper, seed = spec((4,), jnp.float32), spec((1,), jnp.uint32)
     for dtype in (jnp.float32, jnp.bfloat16):
       cases.append((f"update {out_features}x{in_features} {dtype.__name__}",
-                    functools.partial(kernels.counter_update, C=5, lagged=False),
+                    functools.partial(update_kernels.counter_update, C=5, lagged=False),
                     (packed, row, row, spec((out_features, in_features), dtype), hyper, seed)))
       for m_rows in (1, 4096):
         cases.append((f"matmul {m_rows} {out_features}x{in_features} {dtype.__name__}",
-                      functools.partial(kernels.ternary_matmul, C=5, out_dtype=dtype),
+                      functools.partial(matmul_kernels.ternary_matmul, C=5, out_dtype=dtype),
                       (spec((m_rows, in_features), dtype), packed, row)))
         cases.append((f"matmul dx {m_rows} {out_features}x{in_features} {dtype.__name__}",
-                      functools.partial(kernels.ternary_matmul_input_grad, C=5,
+                      functools.partial(matmul_kernels.ternary_matmul_input_grad, C=5,
                                         out_dtype=dtype),
                       (spec((m_rows, out_features), dtype), packed, row)))
       cases.append((f"from_io {out_features}x{in_features} {dtype.__name__}",
-                    functools.partial(kernels.counter_update_from_io, C=5, lagged=True),
+                    functools.partial(update_kernels.counter_update_from_io, C=5, lagged=True),
                     (packed, row, row, spec((33, in_features), dtype),
                      spec((33, out_features), dtype), hyper, seed)))
+    # The non-default forms: CUDA-core GEMV tiles and byte-unit, strided update loads.
+    cases.append((f"matmul fma {out_features}x{in_features}", functools.partial(
+        matmul_kernels.ternary_matmul, C=5, out_dtype=jnp.bfloat16,
+        config=config_lib.MatmulConfig(block_m=1, block_n=16, block_groups=64, method="fma",
+                                       split_k=2)),
+                  (spec((1, in_features), jnp.bfloat16), packed, row)))
+    cases.append((f"update bytes {out_features}x{in_features}", functools.partial(
+        update_kernels.counter_update, C=5, lagged=False,
+        config=config_lib.CounterUpdateConfig(word_loads=False, vector_loads=False)),
+                  (packed, row, row, spec((out_features, in_features), jnp.float32), hyper,
+                   seed)))
     cases.append(("pack", kernels.pack_codes, (spec((out_features, in_features), jnp.uint8),)))
     cases.append(("unpack", kernels.unpack_codes, (packed,)))
     cases.append(("decode", functools.partial(kernels.ternary_decode, C=5, dtype=jnp.bfloat16),
@@ -706,3 +758,63 @@ def test_gpu_counter_update_matches_reference(rng, shape):
   y_ref = ternary.ternary_matmul(x, packed, scale, C=C, implementation="reference")
   np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(y_ref, np.float32),
                              rtol=2e-2, atol=2e-1)
+
+
+# ----------------------------------------------------------------------------
+# Autotuning (correctness screen against the reference).
+
+
+def test_tuning_screen_excludes_a_wrong_update_config_and_records_it(rng, monkeypatch):
+  """A counter-update candidate that disagrees with the reference is excluded with its deviation."""
+  from jaxnoise.ops import autotune  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_update, tuning  # pylint: disable=g-import-not-at-top
+  autotune.clear()
+  out_features, in_features, C = 9, 4 * 5, 4
+  _, packed, scale, v = random_state(rng, out_features, in_features, C)
+  grad = jnp.asarray(rng.normal(size=(out_features, in_features)), jnp.float32)
+  good = config_lib.CounterUpdateConfig(block_rows=2, block_groups=8, tail_groups=4)
+  bad = config_lib.CounterUpdateConfig(block_rows=1, block_groups=8, tail_groups=8)
+  real = pallas_triton_update.counter_update
+
+  def corrupted_when_bad(*args, config=None, **kwargs):
+    packed_out, *rest = real(*args, config=config, **kwargs)
+    return (packed_out.at[0, 0].set(packed_out[0, 0] ^ 0x3F) if config == bad else packed_out,
+            *rest)
+
+  monkeypatch.setattr(pallas_triton_update, "counter_update", corrupted_when_bad)
+  record = tuning.tune_counter_update(packed, scale, v, grad, C=C, implementation="interpret",
+                                      candidates=[bad, good], repeats=1)
+  by_config = {c.config: c for c in record.candidates}
+  assert by_config[bad].status == "excluded" and by_config[bad].deviation > record.tolerance
+  assert by_config[good].status == "selected" and by_config[good].deviation <= 1e-4
+  assert record.selected == good and autotune.records()[-1] is record
+
+  used = []
+
+  def spy(*args, config=None, **kwargs):
+    used.append(config)
+    return real(*args, config=config, **kwargs)
+
+  monkeypatch.setattr(pallas_triton_update, "counter_update", spy)
+  ternary.counter_update(packed, scale, v, grad, **dict(hyper_kwargs(rng, C), C=C),
+                         implementation="interpret", donate=False)
+  assert used == [good]  # the tuned config, looked up for this shape
+  autotune.clear()
+
+
+def test_tuning_matmul_selects_a_screened_config(rng):
+  from jaxnoise.ops import autotune  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import tuning  # pylint: disable=g-import-not-at-top
+  autotune.clear()
+  _, packed, scale, _ = random_state(rng, 21, 16 * 5, 3)
+  x = jnp.asarray(rng.normal(size=(3, 16 * 5)), jnp.float32)
+  split = config_lib.MatmulConfig(block_m=16, block_n=16, block_groups=4, split_k=2)
+  record = tuning.tune_matmul(x, packed, scale, C=3, implementation="interpret",
+                              candidates=[None, split], repeats=1)
+  assert {c.status for c in record.candidates} <= {"selected", "timed"}
+  assert all(c.deviation <= record.tolerance for c in record.candidates)
+  assert autotune.lookup(record.op, record.key) == record.selected
+  with pytest.raises(RuntimeError, match="no candidate passed"):
+    tuning.tune_matmul(x, packed, scale, C=3, implementation="interpret", candidates=[split],
+                       tolerance=-1.0, repeats=1)
+  autotune.clear()

@@ -108,7 +108,8 @@ def _median_seconds(fn: Callable[[], Any], warmup: int, repeats: int) -> float:
 
 def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any], Any],
          reference: Callable[[], Any], tolerance: float, *, warmup: int = 2,
-         repeats: int = 10) -> TuningRecord:
+         repeats: int = 10,
+         deviation: Callable[[Any, Any], float] | None = None) -> TuningRecord:
   """Screen, time and cache the candidates of one ``(op, key)``.
 
   Args:
@@ -121,6 +122,9 @@ def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any],
     tolerance: the largest accepted deviation from the reference.
     warmup: untimed calls per candidate (compilation included).
     repeats: timed calls per candidate; the median is kept.
+    deviation: ``deviation(output, reference_output) -> float`` (None:
+      ``max|out - ref| / max|ref|`` on float64 copies). Ops whose outputs are
+      not plain floats (packed codes) supply their own measure.
 
   Returns:
     The :class:`TuningRecord`; its ``selected`` config is now cached.
@@ -129,25 +133,29 @@ def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any],
     RuntimeError: when no candidate passes the screen (the record of every
       candidate is kept, see :func:`records`).
   """
-  ref = np.asarray(reference(), np.float64)
+  if deviation is None:
+    ref = np.asarray(reference(), np.float64)
+    deviation = _deviation
+  else:
+    ref = jax.device_get(reference())
   results, seen = [], set()
   for config in candidates:
     if config in seen:
       continue
     seen.add(config)
     try:
-      deviation = _deviation(run(config), ref)
+      measured = float(deviation(run(config), ref))
     except Exception as error:  # pylint: disable=broad-except
       results.append(CandidateResult(config, "failed", error=f"{type(error).__name__}: {error}"))
       _log.warning("autotune %s %s: %s failed: %s", op, key, config, error)
       continue
-    if not deviation <= tolerance:
-      results.append(CandidateResult(config, "excluded", deviation=deviation))
+    if not measured <= tolerance:
+      results.append(CandidateResult(config, "excluded", deviation=measured))
       _log.warning("autotune %s %s: %s excluded, deviation %.3g > %.3g", op, key, config,
-                   deviation, tolerance)
+                   measured, tolerance)
       continue
     seconds = _median_seconds(lambda config=config: run(config), warmup, repeats)
-    results.append(CandidateResult(config, "timed", deviation=deviation, seconds=seconds))
+    results.append(CandidateResult(config, "timed", deviation=measured, seconds=seconds))
   timed = [r for r in results if r.status == "timed"]
   if not timed:
     record = TuningRecord(op, key, tolerance, None, tuple(results))

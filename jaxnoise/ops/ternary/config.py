@@ -5,24 +5,28 @@ powers of two; ragged edges are masked in the kernels. A config is hashable
 (it is a static argument of the jitted ops) and every field is used by its
 kernel: nothing is accepted and ignored.
 
-Tiling, in "groups" of four codes (one group = 3 packed bytes = 4 inputs):
+Tiling, in "groups" of four codes (one group = 3 packed bytes = 4 inputs);
+kernels read codes as uint32 words (16 codes) where rows allow, else bytes:
 
-* :class:`ElementwiseConfig` (pack, unpack, decode, init) and
-  :class:`CounterUpdateConfig`: one program per ``block_rows`` rows, walking
-  the row in chunks of ``block_groups`` groups. When one chunk covers the row
-  (the default up to ``in = 16384``) the row stays in registers and the
-  update reads the gradient once; longer rows take two passes (statistics,
-  then update), the second one mostly from L2.
-* :class:`FromIOConfig`: GEMM-like ``block_rows x (4 * block_groups)`` tiles
-  of ``grad_out^T x`` accumulated over ``block_m`` rows of ``M`` at a time.
+* :class:`ElementwiseConfig` (pack, unpack, decode, init): one program per
+  ``block_rows`` rows, walking the row in chunks of ``block_groups`` groups.
+* :class:`CounterUpdateConfig`: one program per ``block_rows`` whole rows,
+  held in registers as static power-of-2 chunks (up to ``in = 16384``), so
+  the gradient is read once; longer rows take two passes (statistics, then
+  update), the second one mostly from L2.
+* :class:`FromIOConfig`: GEMM tiles ``block_rows x (4 * block_groups)`` of
+  ``grad_out^T x`` accumulated over ``block_m`` rows of ``M`` at a time.
 * :class:`MatmulConfig`: ``block_m x block_n`` output tiles of ``x @ W^T``
-  walking ``in`` in chunks of ``block_groups`` groups.
+  walking ``in`` in chunks of ``block_groups`` groups, ``split_k`` programs
+  along ``in`` (for decode-sized ``M``), or the ``"fma"`` / ``"decode"`` methods.
+
+Each op's ``candidates`` are the heuristic and its neighbours: the autotuning
+space (:mod:`jaxnoise.ops.ternary.tuning`) and the benchmark sweeps.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,11 +38,10 @@ __all__ = [
     "FromIOConfig",
     "MatmulConfig",
     "check_config",
+    "counter_update_key",
+    "from_io_key",
+    "matmul_key",
 ]
-
-# Largest register-resident row (groups) of the single-pass update.
-_MAX_RESIDENT_GROUPS = 4096
-
 
 def next_power_of_2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
@@ -120,73 +123,129 @@ class ElementwiseConfig:
 class CounterUpdateConfig:
   """Tiling of the fused counter update on a dense gradient.
 
+  A program owns ``block_rows`` whole rows. A row of up to
+  ``MAX_RESIDENT_GROUPS`` groups is held in registers as static power-of-2
+  chunks (:meth:`row_chunks`: pieces of at most ``block_groups`` groups
+  covering the row rounded up to ``tail_groups``; only the last is masked),
+  so the gradient and the codes are read once. Longer rows take two passes
+  over chunks of ``block_groups`` (statistics, then update).
+
   Attributes:
     block_rows: rows per program.
-    block_groups: groups per chunk; a row of ``in / 4`` groups in one chunk
-      is updated in a single pass with the row in registers, otherwise in
-      two passes.
+    block_groups: largest chunk, in groups of four codes (power of 2).
+    tail_groups: granule of the row's rounding (power of 2 <= block_groups);
+      ``tail_groups == block_groups`` rounds the row up to whole chunks.
     num_warps: Triton warps per program.
-    num_stages: software-pipelining depth of the chunk loops.
-    bitwise: codes -> float by an exact bit trick and ternary values by
-      selects, instead of int -> float conversions (a quarter of the integer
-      rate on NVIDIA GPUs); identical results.
-    dense_grad: load the gradient tile as one contiguous ``(rows, groups, 4)``
-      block (vectorisable) and split its lanes in registers, instead of four
-      stride-4 loads.
+    num_stages: software-pipelining depth of the two-pass loops.
+    word_loads: read the packed codes as uint32 words (three per 16 codes)
+      when ``in % 16 == 0`` and every chunk is a multiple of 4 groups; else
+      three bytes per 4 codes.
+    vector_loads: read the gradient in 16-byte vectors split in registers;
+      else one strided load per column lane.
   """
 
   block_rows: int = 1
   block_groups: int = 1024
-  num_warps: int = 4
+  tail_groups: int = 64
+  num_warps: int = 8
   num_stages: int = 1
-  bitwise: bool = False
-  dense_grad: bool = False
+  word_loads: bool = True
+  vector_loads: bool = True
+
+  MAX_RESIDENT_GROUPS = 4096  # 16384 inputs per row in registers (with 16 warps: 32 per thread).
 
   def __post_init__(self):
-    _check_pow2(self, ("block_rows", "block_groups"))
+    _check_pow2(self, ("block_rows", "block_groups", "tail_groups"))
     _check_warps_stages(self)
-    for name in ("bitwise", "dense_grad"):
+    if self.tail_groups > self.block_groups:
+      raise ValueError(f"CounterUpdateConfig.tail_groups={self.tail_groups} must be <= "
+                       f"block_groups={self.block_groups}")
+    for name in ("word_loads", "vector_loads"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"CounterUpdateConfig.{name} must be a bool, got {getattr(self, name)!r}")
+
+  def uses_words(self, in_features: int) -> bool:
+    """Whether the kernel reads ``in_features``-long rows as words."""
+    return (self.word_loads and in_features % 16 == 0 and self.tail_groups >= 4)
+
+  def row_chunks(self, n_groups: int) -> tuple[tuple[int, int], ...] | None:
+    """``(first group, groups)`` of the static chunks of a row, or None for the two-pass loop.
+
+    Example:
+      >>> CounterUpdateConfig(block_groups=512, tail_groups=64).row_chunks(576)
+      ((0, 512), (512, 64))
+      >>> CounterUpdateConfig(block_groups=1024, tail_groups=64).row_chunks(999)
+      ((0, 1024),)
+    """
+    if n_groups > self.MAX_RESIDENT_GROUPS:
+      return None
+    total = -(-n_groups // self.tail_groups) * self.tail_groups
+    chunks, start = [], 0
+    while start < total:
+      size = min(self.block_groups, 1 << ((total - start).bit_length() - 1))
+      chunks.append((start, size))
+      start += size
+    return tuple(chunks)
 
   @classmethod
   def get_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.float32
                             ) -> "CounterUpdateConfig":
     """A default for an ``(out, in)`` gradient of ``dtype``.
 
-    The update is memory-bound (it moves ``itemsize + 1.5`` bytes per weight),
-    so the aim is whole rows in registers (one pass over the gradient) and
-    about 1-4 K groups per program, ~8 groups (32 gradient values) per thread.
+    The update is memory-bound at ~40 instructions per weight, so each thread
+    holds ~4 groups (16 weights: few registers, many resident warps), a row
+    is one program up to 8192 inputs (16 warps beyond), and ragged rows are
+    cut into a power-of-2 chunk and a tail (``in = 2304``: 2048 + 256
+    inputs) instead of being masked up to the next power of 2.
 
     Example:
       >>> config = CounterUpdateConfig.get_heuristics_config((4096, 4096))
-      >>> config.block_rows, config.block_groups, config.num_warps, config.num_stages
-      (1, 1024, 4, 1)
+      >>> config.block_rows, config.block_groups, config.num_warps
+      (1, 1024, 8)
     """
     del dtype  # The per-thread footprint is in groups; itemsize only scales bytes.
     out_features, in_features = (int(d) for d in shape)
     groups = max(1, in_features // 4)
-    block_groups = min(next_power_of_2(groups), _MAX_RESIDENT_GROUPS)
-    if block_groups < groups:
-      block_groups = 2048  # Two-pass: chunks small enough to keep the tile hot.
+    if groups > cls.MAX_RESIDENT_GROUPS:
+      return cls(block_rows=1, block_groups=2048, tail_groups=2048, num_warps=16, num_stages=2)
+    block_groups = next_power_of_2(groups)
+    tail_groups = min(block_groups, max(4, block_groups // 16))
     block_rows = max(1, min(next_power_of_2(out_features), 1024 // block_groups))
-    n_chunks = math.ceil(groups / block_groups)
-    return cls(block_rows=block_rows, block_groups=block_groups,
-               num_warps=_warps_for(block_rows * block_groups, 8),
-               num_stages=2 if n_chunks > 1 else 1)
+    config = cls(block_rows=block_rows, block_groups=block_groups, tail_groups=tail_groups)
+    chunks = config.row_chunks(groups)
+    num_warps = _warps_for(block_rows * chunks[0][1], 4)
+    config = dataclasses.replace(config, num_warps=num_warps, num_stages=1)
+    # Word units (16 codes) are cheaper per weight, but a chunk smaller than the
+    # program's threads is replicated across them: pick the layout with the lower
+    # estimated cost (SASS instructions per weight, sm_90, measured offline).
+    threads = 32 * num_warps
+    cost = {}
+    for words, per_unit, per_weight in ((True, 4, 52.0), (False, 1, 60.0)):
+      if words and not config.uses_words(in_features):
+        continue
+      slots = sum(-(-block_rows * max(1, size // per_unit) // threads) for _, size in chunks)
+      used = block_rows * groups / per_unit
+      cost[words] = per_weight * slots * threads / used
+    return dataclasses.replace(config, word_loads=min(cost, key=cost.get))
 
   @classmethod
   def candidates(cls, shape: Sequence[int], dtype: Any = jnp.float32
                  ) -> list["CounterUpdateConfig"]:
-    """The heuristic, its bitwise / dense-gradient forms and multi-row tiles (autotuning)."""
+    """The heuristic and its neighbours (autotuning and the benchmark sweep).
+
+    Half and twice the warps, the row rounded to whole chunks (one masked
+    chunk), the other code layout (words / bytes), strided gradient loads, two
+    rows per program.
+    """
     base = cls.get_heuristics_config(shape, dtype)
-    fast = dataclasses.replace(base, bitwise=True, dense_grad=True)
-    out = [base, dataclasses.replace(base, bitwise=True), fast,
-           dataclasses.replace(fast, num_warps=min(16, base.num_warps * 2))]
-    for rows in (2, 4):
-      if rows * base.block_groups <= 8192 and rows <= next_power_of_2(int(shape[0])):
-        out.append(dataclasses.replace(fast, block_rows=rows,
-                                       num_warps=_warps_for(rows * base.block_groups, 8)))
+    out = [base,
+           dataclasses.replace(base, num_warps=max(1, base.num_warps // 2)),
+           dataclasses.replace(base, num_warps=min(16, base.num_warps * 2)),
+           dataclasses.replace(base, tail_groups=base.block_groups),
+           dataclasses.replace(base, word_loads=not base.word_loads),
+           dataclasses.replace(base, vector_loads=False)]
+    if base.block_rows == 1 and int(shape[0]) > 1:
+      out.append(dataclasses.replace(base, block_rows=2, num_warps=min(16, base.num_warps * 2)))
     unique = []
     for config in out:
       if config not in unique:
@@ -208,6 +267,8 @@ class FromIOConfig:
     allow_tf32: let float32 inputs use TF32 tensor cores (faster, ~1e-3
       relative error in the gradient, so more codes round differently from
       the float32 reference); False uses exact float32 products.
+    word_loads: read the codes as uint32 words (three per 16 codes) when
+      ``in % 16 == 0`` and ``block_groups >= 4``; else three bytes per 4.
   """
 
   block_rows: int = 32
@@ -216,16 +277,18 @@ class FromIOConfig:
   num_warps: int = 4
   num_stages: int = 3
   allow_tf32: bool = False
+  word_loads: bool = True
 
   def __post_init__(self):
     _check_pow2(self, ("block_rows", "block_groups", "block_m"))
     _check_warps_stages(self)
-    for name in ("block_rows", "block_groups", "block_m"):
-      if getattr(self, name) < 16:
-        raise ValueError(f"FromIOConfig.{name} must be >= 16 (Triton dot tiles), "
-                         f"got {getattr(self, name)}")
-    if not isinstance(self.allow_tf32, bool):
-      raise TypeError(f"FromIOConfig.allow_tf32 must be a bool, got {self.allow_tf32!r}")
+    for name, least in (("block_rows", 16), ("block_groups", 4), ("block_m", 16)):
+      if getattr(self, name) < least:
+        raise ValueError(f"FromIOConfig.{name} must be >= {least} (Triton dot tiles of at "
+                         f"least 16), got {getattr(self, name)}")
+    for name in ("allow_tf32", "word_loads"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"FromIOConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
   def fused(self, in_features: int) -> bool:
     """True when one tile spans whole rows: statistics and update in one kernel."""
@@ -236,29 +299,52 @@ class FromIOConfig:
                             ) -> "FromIOConfig":
     """A default for ``(M, out, in)`` and the inputs' ``dtype``.
 
-    Rows up to ``in = 512`` fit one tile (a single fused kernel); longer rows
-    use ``32 x 128`` tiles in two kernels (statistics, then a recomputing
-    update), each with ``out / 32 * in / 128`` programs.
+    Rows up to ``in = 512`` fit one tile (a single fused kernel). Longer
+    rows use ``64 x 128`` tiles in two kernels (statistics, then a
+    recomputing update), each a GEMM over ``M`` in steps of ``block_m`` with
+    ``out / 64 * in / 128`` programs.
 
     Example:
       >>> config = FromIOConfig.get_heuristics_config((4096, 4096, 4096), "bfloat16")
       >>> config.fused(4096), config.block_rows, 4 * config.block_groups
-      (False, 32, 128)
+      (False, 64, 128)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     groups = max(1, in_features // 4)
     itemsize = jnp.dtype(dtype).itemsize
     block_m = 32 if itemsize >= 4 else 64
     block_m = max(16, min(block_m, next_power_of_2(m_rows)))
-    block_rows = max(16, min(32, next_power_of_2(out_features)))
     if next_power_of_2(groups) <= 128:
-      block_groups = max(16, next_power_of_2(groups))
-      block_rows = 16
-    else:
-      block_groups = 32
-    accumulators = 4 * block_rows * block_groups
-    return cls(block_rows=block_rows, block_groups=block_groups, block_m=block_m,
-               num_warps=_warps_for(accumulators, 32), num_stages=3, allow_tf32=False)
+      block_groups = max(4, next_power_of_2(groups))
+      return cls(block_rows=16, block_groups=block_groups, block_m=block_m,
+                 num_warps=_warps_for(4 * 16 * block_groups, 32), num_stages=3)
+    # 64 x 128 tiles, 4 warps: 128 registers and no spills in either kernel (sm_90,
+    # offline); 128 x 128 spills a little in the update kernel (a sweep candidate).
+    block_rows = max(16, min(64, next_power_of_2(out_features)))
+    return cls(block_rows=block_rows, block_groups=32, block_m=block_m, num_warps=4,
+               num_stages=3)
+
+  @classmethod
+  def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> list["FromIOConfig"]:
+    """The heuristic and a few larger tiles (autotuning and the benchmark sweep)."""
+    base = cls.get_heuristics_config(shape, dtype)
+    out = [base]
+    if not base.fused(int(shape[2])):
+      out += [dataclasses.replace(base, block_rows=128, block_groups=32, num_warps=8),
+              dataclasses.replace(base, block_rows=64, block_groups=64, block_m=32,
+                                  num_warps=8),
+              dataclasses.replace(base, block_m=32, num_stages=4),
+              dataclasses.replace(base, word_loads=False)]
+    unique = []
+    for config in out:
+      if config not in unique:
+        unique.append(config)
+    return unique
+
+
+MATMUL_METHODS = ("dot", "fma", "decode")
+# Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
+_GEMV_PROGRAMS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,15 +352,24 @@ class MatmulConfig:
   """Tiling of the packed ternary matmul and its input gradient.
 
   Attributes:
-    block_m: rows of ``x`` per tile (>= 16).
-    block_n: output units per tile (>= 16); in the input-gradient kernel,
-      the chunk of output units reduced per step.
+    block_m: rows of ``x`` per tile (>= 16 for ``method="dot"``).
+    block_n: output units per tile (>= 16 for ``"dot"``); in the
+      input-gradient kernel, the chunk of output units reduced per step.
     block_groups: groups (4 inputs each) per step of the ``in`` reduction; in
-      the input-gradient kernel, the groups per output tile (>= 16).
+      the input-gradient kernel, the groups per output tile (>= 16 there).
     num_warps: Triton warps per program.
     num_stages: software-pipelining depth of the reduction loop.
     allow_tf32: let float32 inputs use TF32 tensor cores (codes are exact in
       any dtype; only ``x`` is rounded). False keeps float32 products exact.
+    split_k: programs along ``in`` (each reduces a slab; XLA adds the float32
+      partial tiles). More programs for small ``M``.
+    method: ``"dot"`` (tensor-core tiles), ``"fma"`` (CUDA-core tiles, for one
+      or two rows of ``x``) or ``"decode"`` (decode ``t`` densely, then an XLA
+      GEMM: a temporary ``out x in`` matrix, for large ``M``). The input
+      gradient always runs the dot tiles (with the heuristic tiles unless
+      ``method="dot"``).
+    word_loads: read the codes as uint32 words (three per 16 codes) when
+      ``in % 16 == 0`` and ``block_groups >= 4``; else three bytes per 4.
   """
 
   block_m: int = 64
@@ -283,38 +378,128 @@ class MatmulConfig:
   num_warps: int = 4
   num_stages: int = 3
   allow_tf32: bool = False
+  split_k: int = 1
+  method: str = "dot"
+  word_loads: bool = True
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
     _check_warps_stages(self)
-    for name in ("block_m", "block_n", "block_groups"):
-      if getattr(self, name) < 16:
-        raise ValueError(f"MatmulConfig.{name} must be >= 16 (Triton dot tiles), "
-                         f"got {getattr(self, name)}")
-    if not isinstance(self.allow_tf32, bool):
-      raise TypeError(f"MatmulConfig.allow_tf32 must be a bool, got {self.allow_tf32!r}")
+    if self.method not in MATMUL_METHODS:
+      raise ValueError(f"MatmulConfig.method must be one of {MATMUL_METHODS}, "
+                       f"got {self.method!r}")
+    if self.method == "dot":
+      for name in ("block_m", "block_n"):
+        if getattr(self, name) < 16:
+          raise ValueError(f"MatmulConfig.{name} must be >= 16 (Triton dot tiles), "
+                           f"got {getattr(self, name)}")
+      if self.block_groups < 4:
+        raise ValueError(f"MatmulConfig.block_groups must be >= 4 (16 inputs per dot step) "
+                         f"for method='dot', got {self.block_groups}")
+    if (not isinstance(self.split_k, int) or isinstance(self.split_k, bool)
+        or self.split_k < 1):
+      raise ValueError(f"MatmulConfig.split_k must be a positive int, got {self.split_k!r}")
+    for name in ("allow_tf32", "word_loads"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"MatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
   @classmethod
   def get_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16
                             ) -> "MatmulConfig":
     """A default for ``(M, out, in)`` and ``x``'s ``dtype``.
 
-    Decode-sized ``M`` (<= 16) is memory-bound on the 0.75-byte codes: narrow
-    output tiles for many programs and long reduction steps. Larger ``M`` uses
-    GEMM tiles (64-128 square, 64-128 inputs per step).
+    Decode-sized ``M`` (<= 16) is memory-bound on the 0.75-byte codes: one
+    16-row dot tile, 64 output units, 256 inputs per step, and ``in`` split
+    so that there are ~512 programs. Larger ``M`` uses GEMM tiles (64-128
+    square, 64-128 inputs per step), split along ``in`` while the tiles alone
+    give fewer programs than a large GPU has SMs.
 
     Example:
-      >>> MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16").block_n
-      32
+      >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
+      >>> config.block_n, config.split_k
+      (64, 8)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
-    del in_features
     itemsize = jnp.dtype(dtype).itemsize
+    steps_of = lambda groups: max(1, -(-max(1, in_features // 4) // groups))
     if m_rows <= 16:
-      return cls(block_m=16, block_n=32, block_groups=64, num_warps=4, num_stages=3)
+      # float32 products are exact FMA tiles (no TF32): 32 outputs x 32 inputs per
+      # step keep them in registers (offline, sm_90: 126 registers, no spills).
+      block_n, groups = (64, 64) if itemsize <= 2 else (32, 8)
+      n_blocks = -(-out_features // block_n)
+      split = min(steps_of(groups), next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
+      return cls(block_m=16, block_n=block_n, block_groups=groups, num_warps=4, num_stages=3,
+                 split_k=split)
+    if itemsize >= 4:
+      # Exact float32 GEMM tiles spill; XLA's float32 GEMM on the decoded t is exact too.
+      return cls(method="decode")
     if m_rows <= 64:
-      return cls(block_m=max(16, next_power_of_2(m_rows)), block_n=64, block_groups=32,
-                 num_warps=4, num_stages=3)
+      block_m = max(16, next_power_of_2(m_rows))
+      n_blocks = -(-out_features // 64)
+      split = min(steps_of(32), next_power_of_2(max(1, 256 // n_blocks)))
+      return cls(block_m=block_m, block_n=64, block_groups=32, num_warps=4, num_stages=3,
+                 split_k=split)
     block = 128 if (m_rows >= 1024 and out_features >= 1024 and itemsize <= 2) else 64
-    return cls(block_m=block, block_n=block, block_groups=32 if block == 128 else 16,
-               num_warps=8 if block == 128 else 4, num_stages=3)
+    tiles = -(-m_rows // block) * -(-out_features // block)
+    groups = 32 if block == 128 else 16
+    split = min(steps_of(groups), next_power_of_2(max(1, 132 // tiles))) if tiles < 132 else 1
+    return cls(block_m=block, block_n=block, block_groups=groups,
+               num_warps=8 if block == 128 else 4, num_stages=3, split_k=split)
+
+  @classmethod
+  def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> list["MatmulConfig"]:
+    """The heuristic and a few neighbours (autotuning and the benchmark sweep)."""
+    m_rows, out_features, in_features = (int(d) for d in shape)
+    base = cls.get_heuristics_config(shape, dtype)
+    out = [base]
+    replace = dataclasses.replace
+    if m_rows <= 16:
+      out += [replace(base, split_k=max(1, base.split_k // 2)),
+              replace(base, split_k=base.split_k * 2),
+              replace(base, block_n=128, num_warps=8),
+              replace(base, block_n=32, split_k=base.split_k * 2),
+              replace(base, block_groups=32, split_k=base.split_k * 2),
+              replace(base, word_loads=False)]
+      if m_rows <= 2:
+        out.append(cls(block_m=next_power_of_2(m_rows), block_n=16, block_groups=64,
+                       num_warps=4, num_stages=3, split_k=base.split_k * 2, method="fma"))
+    else:
+      out += [replace(base, block_groups=base.block_groups * 2),
+              replace(base, num_stages=4),
+              replace(base, method="decode")]
+      if m_rows >= 256:
+        out += [cls(block_m=128, block_n=256, block_groups=16, num_warps=8, num_stages=3),
+                cls(block_m=256, block_n=128, block_groups=16, num_warps=8, num_stages=3),
+                cls(block_m=128, block_n=128, block_groups=16, num_warps=8, num_stages=4)]
+    unique = []
+    for config in out:
+      if config not in unique:
+        unique.append(config)
+    return unique
+
+
+# ----------------------------------------------------------------------------
+# Autotuning cache keys (see jaxnoise.ops.autotune): what selects a tiling.
+
+
+def counter_update_key(implementation: str, shape: Sequence[int], grad_dtype: Any
+                       ) -> tuple[str, tuple]:
+  """``(op, key)`` of a counter update on an ``(out, in)`` gradient of ``grad_dtype``."""
+  op = "ternary_counter_update"
+  return op, (op, implementation, tuple(int(d) for d in shape), str(jnp.dtype(grad_dtype)))
+
+
+def from_io_key(implementation: str, m_rows: int, out_features: int, in_features: int,
+                dtype: Any) -> tuple[str, tuple]:
+  """``(op, key)`` of an update from ``(M, in)`` inputs and ``(M, out)`` output gradients."""
+  op = "ternary_counter_update_from_io"
+  return op, (op, implementation, (int(m_rows), int(out_features), int(in_features)),
+              str(jnp.dtype(dtype)))
+
+
+def matmul_key(implementation: str, m_rows: int, out_features: int, in_features: int,
+               x_dtype: Any, out_dtype: Any) -> tuple[str, tuple]:
+  """``(op, key)`` of a packed matmul of ``(M, in)`` inputs."""
+  op = "ternary_matmul"
+  return op, (op, implementation, (int(m_rows), int(out_features), int(in_features)),
+              str(jnp.dtype(x_dtype)), str(jnp.dtype(out_dtype)))

@@ -1,41 +1,36 @@
-"""Pallas (Triton backend) kernels of the ternary counter ops.
+"""Pallas (Triton backend) kernels of the ternary ops: shared tile helpers, pack/unpack/decode/init.
 
 Layout inside the kernels
 -------------------------
-A packed ``(out, 3 * in // 4)`` uint8 matrix is viewed as ``(out, G, 3)``
-(``G = in // 4`` groups) and a dense ``(rows, in)`` matrix as
-``(rows, G, 4)``; both reshapes are free. A kernel tile is ``(block_rows,
-block_groups)`` groups and every lane (byte ``0..2`` of a group, or column
-``4g + k`` of a dense row) is its own strided load ``ref.at[rows, groups, k]``,
-so all register tensors are 2-D with power-of-2 sides (a Triton requirement)
-and ragged edges are masked. The three byte loads of a group and the four
-lane loads of a dense row touch the same cache lines, so DRAM traffic is
-what the bytes say: 0.75 byte per code each way.
+A packed ``(out, 3 * in // 4)`` uint8 matrix is a little-endian stream of
+6-bit codes per row. Kernels read it in *units* (:class:`UnitLayout`):
+
+* ``words`` (``in % 16 == 0``): the row is ``in / 16`` units of three uint32
+  words holding 16 codes (a free bitcast of the bytes,
+  :func:`packed_units`); three loads and stores per 16 codes.
+* ``bytes`` (any ``in % 4 == 0``): ``in / 4`` groups of three bytes holding
+  4 codes.
+
+A tile is ``(block_rows, units)``; each of the three lanes (word or byte ``k``
+of a unit) is its own strided load ``ref.at[rows, units, k]``, so register
+tensors are 2-D with power-of-2 sides (a Triton requirement) and ragged edges
+are masked. The lanes of a unit touch the same cache lines, so DRAM traffic is
+0.75 byte per code each way. Unpacked, a unit is ``L`` code lanes (4 or 16);
+:func:`interleave` joins lanes into natural column order (``tt.join``, no data
+movement) and :func:`split_lanes` splits a contiguous dense tile into lanes.
 
 All formulas come from :mod:`jaxnoise.ops.ternary.reference` (the same
 Python functions run on the kernels' tiles), so a kernel differs from the
 reference only in the order of its row reductions.
 
-Kernels
--------
-* pack / unpack / decode / init: row-block programs, chunks of groups.
-* counter update: one program per ``block_rows`` rows; a row that fits one
-  chunk stays in registers, so the gradient is read once and the packed codes
-  are read and written once, in place (``input_output_aliases``).
-* update from IO: ``grad_out^T x`` is formed tile by tile with ``dot_general``
-  (float32 accumulation) and never written out. When a tile spans whole rows
-  (short rows), one kernel forms the tile, reduces the row statistics and
-  updates it. Otherwise a statistics kernel writes per-tile partial sums
-  (``out x in / (4 * block_groups)`` floats), the per-row scalars are formed
-  in XLA, and an update kernel recomputes each tile and updates its codes: two
-  GEMM-equivalents of work, no dense gradient.
-* matmul: ``x @ (scale * t)^T`` reading the packed codes (0.75 byte per
-  weight) and decoding them in registers, and the input gradient
-  ``(grad_y * scale) @ t``.
+Kernels: pack / unpack / decode / init here (row-block programs, chunks of
+groups); the counter updates in :mod:`.pallas_triton_update`; the packed
+matmul in :mod:`.pallas_triton_matmul`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -45,13 +40,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxnoise.ops import _pallas
 from jaxnoise.ops.ternary import reference as ref_lib
-from jaxnoise.ops.ternary.config import (
-    CounterUpdateConfig,
-    ElementwiseConfig,
-    FromIOConfig,
-    MatmulConfig,
-    check_config,
-)
+from jaxnoise.ops.ternary.config import ElementwiseConfig, check_config
 
 _F32 = jnp.float32
 _I32 = jnp.int32
@@ -134,6 +123,14 @@ def _store_vector(ref, start, size: int, value, mask):
   plgpu.store(ref.at[pl.ds(start, size)], value, mask=mask)
 
 
+def _dot_setup(dtype_a, dtype_b, allow_tf32: bool):
+  compute_dtype = jnp.promote_types(dtype_a, dtype_b)
+  if compute_dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    compute_dtype = jnp.dtype(_F32)
+  precision = jax.lax.Precision.DEFAULT if allow_tf32 else _HIGHEST
+  return compute_dtype, precision
+
+
 def _packed_view(packed):
   out_features, n_bytes = packed.shape
   return packed.reshape(out_features, n_bytes // 3, 3)
@@ -142,6 +139,127 @@ def _packed_view(packed):
 def _dense_view(array):
   rows, in_features = array.shape
   return array.reshape(rows, in_features // 4, 4)
+
+
+# ----------------------------------------------------------------------------
+# Unit layouts of packed rows.
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitLayout:
+  """How a kernel reads a packed row (see the module docstring).
+
+  Attributes:
+    words: three uint32 words per 16 codes (else three bytes per 4 codes).
+  """
+
+  words: bool
+
+  @property
+  def codes(self) -> int:
+    """Codes per unit (``L``)."""
+    return ref_lib.CODES_PER_WORD_GROUP if self.words else 4
+
+  @property
+  def dtype(self):
+    return jnp.uint32 if self.words else jnp.uint8
+
+
+def unit_layout(in_features: int, words: bool = True) -> UnitLayout:
+  """Words when asked for and every row starts on a word (``in % 16 == 0``), else bytes."""
+  return UnitLayout(words and in_features % ref_lib.CODES_PER_WORD_GROUP == 0)
+
+
+def packed_units(packed, layout: UnitLayout):
+  """``(out, 3 * in // 4)`` uint8 -> ``(out, units, 3)`` lanes of ``layout`` (a free view)."""
+  out_features, n_bytes = packed.shape
+  if layout.words:
+    return jax.lax.bitcast_convert_type(packed.reshape(out_features, n_bytes // 12, 3, 4),
+                                        jnp.uint32)
+  return packed.reshape(out_features, n_bytes // 3, 3)
+
+
+def packed_bytes(units, layout: UnitLayout):
+  """Inverse of :func:`packed_units`."""
+  if layout.words:
+    units = jax.lax.bitcast_convert_type(units, jnp.uint8)
+  return units.reshape(units.shape[0], -1)
+
+
+def load_unit_codes(packed_ref, row_start, block_rows, unit_start, block_units, mask,
+                    layout: UnitLayout):
+  """The ``L`` int32 code lanes of a ``(block_rows, block_units)`` tile of ``(out, U, 3)`` units."""
+  raw = _load_lanes(packed_ref, row_start, block_rows, unit_start, block_units, 3, mask, 0)
+  if layout.words:
+    return ref_lib.unpack_words(*raw)
+  return list(ref_lib.unpack_group(*(b.astype(_I32) for b in raw)))
+
+
+def store_unit_codes(packed_ref, row_start, block_rows, unit_start, block_units, codes, mask,
+                     layout: UnitLayout):
+  """Pack ``L`` int32 code lanes (values in ``[0, 64)``) and store them."""
+  if layout.words:
+    raw = ref_lib.pack_words(codes)
+  else:
+    raw = [b.astype(jnp.uint8) for b in ref_lib.pack_group(*codes)]
+  _store_lanes(packed_ref, row_start, block_rows, unit_start, block_units, raw, mask)
+
+
+def interleave(lanes):
+  """``L`` (power of 2) lanes ``(R, U)`` -> ``(R, U * L)`` with column ``u * L + j`` from lane ``j``.
+
+  A tree of ``tt.join`` (``jnp.stack`` on a new last axis): the joined axis
+  stays in each thread's registers, so no data moves.
+  """
+  rows, units = lanes[0].shape
+  return _interleave3(list(lanes)).reshape(rows, units * len(lanes))
+
+
+def _interleave3(lanes):
+  if len(lanes) == 2:
+    return jnp.stack(lanes, axis=-1)
+  even, odd = _interleave3(lanes[0::2]), _interleave3(lanes[1::2])
+  rows, units, half = even.shape
+  return jnp.stack([even, odd], axis=-1).reshape(rows, units, 2 * half)
+
+
+def split_lanes(tile):
+  """``(R, U, L)`` -> ``L`` lanes ``(R, U)`` (lane ``j`` is ``tile[..., j]``), by ``tt.split``."""
+  rows, units, n_lanes = tile.shape
+  if n_lanes == 1:
+    return [tile.reshape(rows, units)]
+  even, odd = jnp.unstack(tile.reshape(rows, units, n_lanes // 2, 2), axis=-1)
+  lanes = [None] * n_lanes
+  lanes[0::2] = split_lanes(even)
+  lanes[1::2] = split_lanes(odd)
+  return lanes
+
+
+def load_dense_lanes(ref, row_start, block_rows, unit_start, block_units, n_lanes: int,
+                     vector: int, mask, other=0):
+  """The ``n_lanes`` lanes of a ``(rows, U, n_lanes)`` dense ref, in loads of ``vector`` lanes.
+
+  Each load is a ``(block_rows, block_units, vector)`` tile (``vector``
+  contiguous elements per unit: one vector load per thread), split into lanes
+  in registers. ``vector=1`` gives one strided load per lane.
+  """
+  lanes = []
+  for first in range(0, n_lanes, vector):
+    if vector == 1:
+      lanes.append(plgpu.load(
+          ref.at[pl.ds(row_start, block_rows), pl.ds(unit_start, block_units), _I32(first)],
+          mask=mask, other=other))
+      continue
+    tile = plgpu.load(ref.at[pl.ds(row_start, block_rows), pl.ds(unit_start, block_units),
+                             pl.ds(first, vector)], mask=mask[:, :, None], other=other)
+    lanes.extend(split_lanes(tile))
+  return lanes
+
+
+def dense_units(array, codes_per_unit: int):
+  """``(rows, in)`` -> ``(rows, in / L, L)`` (a free reshape)."""
+  rows, in_features = array.shape
+  return array.reshape(rows, in_features // codes_per_unit, codes_per_unit)
 
 
 # ----------------------------------------------------------------------------
@@ -178,22 +296,28 @@ def _unpack_kernel(packed_ref, codes_ref, *, n_rows, n_groups, block_rows, block
   _loop(_cdiv(n_groups, block_groups), chunk, ())
 
 
-def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, n_rows, n_groups, block_rows,
-                   block_groups):
+def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, layout: UnitLayout, n_rows, n_units,
+                   block_rows, block_units):
+  """Codes -> ``scale * t``; the lanes are joined in column order and stored contiguously."""
   r0 = pl.program_id(0) * block_rows
   row_mask = (r0 + _iota(block_rows)) < n_rows
   scale = _load_vector(scale_ref, r0, block_rows, row_mask, 0.0).astype(_F32)[:, None]
+  per_unit = layout.codes
+  width = block_units * per_unit
 
   def chunk(j, carry):
-    g0 = j * block_groups
-    mask, _ = _tile_mask(row_mask, g0, block_groups, n_groups)
-    codes = _load_codes(packed_ref, r0, block_rows, g0, block_groups, mask)
-    weights = [(ref_lib.ternary_of(c, C).astype(_F32) * scale).astype(weight_ref.dtype)
-               for c in codes]
-    _store_lanes(weight_ref, r0, block_rows, g0, block_groups, weights, mask)
+    u0 = j * block_units
+    unit_mask = (u0 + _iota(block_units)) < n_units
+    codes = load_unit_codes(packed_ref, r0, block_rows, u0, block_units,
+                            row_mask[:, None] & unit_mask[None, :], layout)
+    values = [(ref_lib.ternary_of(c, C).astype(_F32) * scale).astype(weight_ref.dtype)
+              for c in codes]
+    col_mask = (u0 * per_unit + _iota(width)) < n_units * per_unit
+    plgpu.store(weight_ref.at[pl.ds(r0, block_rows), pl.ds(u0 * per_unit, width)],
+                interleave(values), mask=row_mask[:, None] & col_mask[None, :])
     return carry
 
-  _loop(_cdiv(n_groups, block_groups), chunk, ())
+  _loop(_cdiv(n_units, block_units), chunk, ())
 
 
 def _init_kernel(weight_ref, packed_ref, scale_ref, *, C, n_rows, n_groups, block_rows,
@@ -266,17 +390,23 @@ def unpack_codes(packed, *, config: ElementwiseConfig | None = None, interpret: 
 
 def ternary_decode(packed, scale, *, C: int, dtype=jnp.float32,
                    config: ElementwiseConfig | None = None, interpret: bool = False):
-  """Kernel of :func:`jaxnoise.ops.ternary.ternary_decode`: ``(out, in)`` weights."""
+  """Kernel of :func:`jaxnoise.ops.ternary.ternary_decode`: ``(out, in)`` weights.
+
+  Reads word units where rows allow (``in % 16 == 0`` and ``block_groups >=
+  4``) and writes each row chunk contiguously.
+  """
   out_features, n_bytes = packed.shape
   shape = (out_features, 4 * (n_bytes // 3))
   config = _elementwise_config(config, shape, dtype)
-  kernel = functools.partial(_decode_kernel, C=C, **_elementwise_static(shape, config))
-  weight = _call(
+  layout = unit_layout(shape[1], config.block_groups >= 4)
+  kernel = functools.partial(
+      _decode_kernel, C=C, layout=layout, n_rows=out_features,
+      n_units=shape[1] // layout.codes, block_rows=config.block_rows,
+      block_units=max(1, config.block_groups * 4 // layout.codes))
+  return _call(
       kernel, name="ternary_decode", grid=(_cdiv(out_features, config.block_rows),),
-      out_shape=jax.ShapeDtypeStruct((out_features, shape[1] // 4, 4), dtype),
-      config=config, interpret=interpret,
-  )(_packed_view(packed), scale)
-  return weight.reshape(shape)
+      out_shape=jax.ShapeDtypeStruct(shape, dtype), config=config, interpret=interpret,
+  )(packed_units(packed, layout), scale)
 
 
 def ternary_init(weight, *, C: int, config: ElementwiseConfig | None = None,
@@ -294,440 +424,17 @@ def ternary_init(weight, *, C: int, config: ElementwiseConfig | None = None,
   return packed.reshape(out_features, 3 * (in_features // 4)), scale
 
 
-# ----------------------------------------------------------------------------
-# Counter update on a dense gradient.
-
-
-def _read_hyper(hyper_ref):
-  return tuple(hyper_ref[k] for k in range(4))
-
-
-def _update_tile(packed_out_ref, seed, r0, g0, block_rows, block_groups, mask, rows, groups,
-                 codes, grads, ratio_m1, step, active, *, C, in_features, high_word,
-                 bitwise=False):
-  """Stochastically rounded step of a tile's four lanes, packed and stored."""
-  rows_u = rows.astype(jnp.uint32)[:, None]
-  new_codes = []
-  for k, (code, grad) in enumerate(zip(codes, grads)):
-    cols = (groups * 4 + k).astype(jnp.uint32)[None, :]
-    u = ref_lib.rounding_draw(seed, rows_u, cols, in_features, high_word)
-    new_codes.append(ref_lib.tick(code, grad, u, ratio_m1, step, active, C, bitwise=bitwise))
-  _store_codes(packed_out_ref, r0, block_rows, g0, block_groups, new_codes, mask)
-
-
-def _tile_stats(codes, grads, C, bitwise=False):
-  """Row sums ``sum(g**2)`` and ``sum(g * t)`` of a tile (masked entries are 0)."""
-  sum_sq = sum(jnp.sum(g * g, axis=1) for g in grads)
-  if bitwise:
-    ternary = [ref_lib.ternary_float(c, C) for c in codes]
-  else:
-    ternary = [ref_lib.ternary_of(c, C).astype(_F32) for c in codes]
-  sum_gt = sum(jnp.sum(g * t, axis=1) for t, g in zip(ternary, grads))
-  return sum_sq, sum_gt
-
-
-def _load_dense_lanes(ref, row_start, block_rows, group_start, block_groups, mask):
-  """The four lanes of a ``(rows, G, 4)`` ref from one contiguous ``(rows, groups, 4)`` load.
-
-  The lanes are split in registers (``(.., 2, 2)`` reshape and two unstacks,
-  Triton's ``split``): lane ``2a + b`` is ``[..., a, b]``.
-  """
-  tile = plgpu.load(ref.at[pl.ds(row_start, block_rows), pl.ds(group_start, block_groups),
-                           pl.ds(0, 4)], mask=mask[:, :, None], other=0)
-  tile = tile.reshape(block_rows, block_groups, 2, 2)
-  low, high = jnp.unstack(tile, axis=-1)
-  lane0, lane2 = jnp.unstack(low, axis=-1)
-  lane1, lane3 = jnp.unstack(high, axis=-1)
-  return [lane0, lane1, lane2, lane3]
-
-
-def _counter_update_kernel(hyper_ref, seed_ref, grad_ref, packed_ref, scale_ref, v_ref,
-                           packed_out_ref, scale_out_ref, v_out_ref, skipped_ref, *, C, lagged,
-                           n_rows, n_groups, block_rows, block_groups, high_word, bitwise,
-                           dense_grad):
-  r0 = pl.program_id(0) * block_rows
-  rows = r0 + _iota(block_rows)
-  row_mask = rows < n_rows
-  hyper = _read_hyper(hyper_ref)
-  seed = seed_ref[0]
-  scale = _load_vector(scale_ref, r0, block_rows, row_mask, 1.0)
-  v = _load_vector(v_ref, r0, block_rows, row_mask, 0.0)
-  n_chunks = _cdiv(n_groups, block_groups)
-  in_features = 4 * n_groups
-
-  def load(j):
-    g0 = j * block_groups
-    mask, groups = _tile_mask(row_mask, g0, block_groups, n_groups)
-    codes = _load_codes(packed_ref, r0, block_rows, g0, block_groups, mask)
-    if dense_grad:
-      lanes = _load_dense_lanes(grad_ref, r0, block_rows, g0, block_groups, mask)
-    else:
-      lanes = _load_lanes(grad_ref, r0, block_rows, g0, block_groups, 4, mask, 0)
-    return g0, mask, groups, codes, [g.astype(_F32) for g in lanes]
-
-  def finish_rows(sum_sq, sum_gt):
-    scale_new, v_new, ratio_m1, step, active = ref_lib.row_update(
-        sum_sq, sum_gt, scale, v, hyper, in_features=in_features, C=C, lagged=lagged)
-    _store_vector(scale_out_ref, r0, block_rows, scale_new, row_mask)
-    _store_vector(v_out_ref, r0, block_rows, v_new, row_mask)
-    _store_vector(skipped_ref, r0, block_rows, (~active).astype(_I32), row_mask)
-    return ratio_m1[:, None], step[:, None], active[:, None]
-
-  update = functools.partial(_update_tile, packed_out_ref, seed, r0, block_rows=block_rows,
-                             block_groups=block_groups, rows=rows, C=C,
-                             in_features=in_features, high_word=high_word, bitwise=bitwise)
-
-  if n_chunks == 1:
-    # The whole row is in registers: one read of the gradient and the codes.
-    g0, mask, groups, codes, grads = load(0)
-    ratio_m1, step, active = finish_rows(*_tile_stats(codes, grads, C, bitwise))
-    update(g0=g0, mask=mask, groups=groups, codes=codes, grads=grads, ratio_m1=ratio_m1,
-           step=step, active=active)
-    return
-
-  def accumulate(j, sums):
-    _, _, _, codes, grads = load(j)
-    tile_sq, tile_gt = _tile_stats(codes, grads, C, bitwise)
-    return sums[0] + tile_sq, sums[1] + tile_gt
-
-  zeros = jnp.zeros((block_rows,), _F32)
-  sum_sq, sum_gt = jax.lax.fori_loop(0, n_chunks, accumulate, (zeros, zeros))
-  ratio_m1, step, active = finish_rows(sum_sq, sum_gt)
-
-  def apply(j, carry):
-    g0, mask, groups, codes, grads = load(j)
-    update(g0=g0, mask=mask, groups=groups, codes=codes, grads=grads, ratio_m1=ratio_m1,
-           step=step, active=active)
-    return carry
-
-  jax.lax.fori_loop(0, n_chunks, apply, ())
-
-
-def counter_update(packed, scale, v, grad_w, hyper, seed, *, C: int, lagged: bool,
-                   config: CounterUpdateConfig | None = None, interpret: bool = False):
-  """Kernel of :func:`jaxnoise.ops.ternary.counter_update`.
-
-  Args:
-    packed: ``(out, 3 * in // 4)`` uint8, updated in place (aliased).
-    scale: ``(out,)`` float32, updated in place.
-    v: ``(out,)`` float32, updated in place.
-    grad_w: ``(out, in)`` float gradient.
-    hyper: ``(4,)`` float32 ``[lr, lr_scale, rms_beta, rms_eps]``.
-    seed: ``(1,)`` uint32.
-    C: counter half-width.
-    lagged: denominator from the previous ``v``.
-    config: tiling (None: heuristic).
-    interpret: run through the Pallas interpreter.
-
-  Returns:
-    ``(packed, scale, v, skipped)`` with ``skipped`` an ``(out,)`` bool.
-  """
-  out_features, in_features = grad_w.shape
-  if check_config(config, CounterUpdateConfig) is None:
-    config = CounterUpdateConfig.get_heuristics_config(grad_w.shape, grad_w.dtype)
-  kernel = functools.partial(
-      _counter_update_kernel, C=C, lagged=lagged, n_rows=out_features,
-      n_groups=in_features // 4, block_rows=config.block_rows,
-      block_groups=config.block_groups,
-      high_word=ref_lib.needs_high_word(out_features, in_features), bitwise=config.bitwise,
-      dense_grad=config.dense_grad)
-  out_shape = (
-      jax.ShapeDtypeStruct((out_features, in_features // 4, 3), jnp.uint8),
-      jax.ShapeDtypeStruct((out_features,), _F32),
-      jax.ShapeDtypeStruct((out_features,), _F32),
-      jax.ShapeDtypeStruct((out_features,), _I32),
-  )
-  new_packed, new_scale, new_v, skipped = _call(
-      kernel, name="ternary_counter_update", grid=(_cdiv(out_features, config.block_rows),),
-      out_shape=out_shape, config=config, interpret=interpret,
-      input_output_aliases={3: 0, 4: 1, 5: 2},
-  )(hyper, seed, _dense_view(grad_w), _packed_view(packed), scale, v)
-  return (new_packed.reshape(packed.shape), new_scale, new_v, skipped.astype(jnp.bool_))
-
-
-# ----------------------------------------------------------------------------
-# Counter update from the layer's input and output gradient.
-
-
-def _io_gradient_tile(x_ref, grad_out_ref, r0, g0, row_mask, group_mask, *, m_rows, block_rows,
-                      block_groups, block_m, compute_dtype, precision):
-  """The four lanes of ``grad_out^T x`` on a ``(block_rows, block_groups)`` tile (float32)."""
-
-  def step(i, accumulators):
-    m0 = i * block_m
-    m_mask = (m0 + _iota(block_m)) < m_rows
-    grad_out = plgpu.load(grad_out_ref.at[pl.ds(m0, block_m), pl.ds(r0, block_rows)],
-                          mask=m_mask[:, None] & row_mask[None, :], other=0)
-    grad_out = grad_out.astype(compute_dtype)
-    lanes = _load_lanes(x_ref, m0, block_m, g0, block_groups, 4,
-                        m_mask[:, None] & group_mask[None, :], 0)
-    return tuple(
-        acc + jax.lax.dot_general(grad_out, x.astype(compute_dtype), _DIMS_TN,
-                                  precision=precision, preferred_element_type=_F32)
-        for acc, x in zip(accumulators, lanes))
-
-  zeros = jnp.zeros((block_rows, block_groups), _F32)
-  return _loop(_cdiv(m_rows, block_m), step, (zeros,) * 4)
-
-
-def _io_fused_kernel(hyper_ref, seed_ref, x_ref, grad_out_ref, packed_ref, scale_ref, v_ref,
-                     packed_out_ref, scale_out_ref, v_out_ref, skipped_ref, *, C, lagged, n_rows,
-                     n_groups, m_rows, block_rows, block_groups, block_m, compute_dtype,
-                     precision, high_word):
-  r0 = pl.program_id(0) * block_rows
-  rows = r0 + _iota(block_rows)
-  row_mask = rows < n_rows
-  mask, groups = _tile_mask(row_mask, 0, block_groups, n_groups)
-  grads = _io_gradient_tile(
-      x_ref, grad_out_ref, r0, 0, row_mask, groups < n_groups, m_rows=m_rows,
-      block_rows=block_rows, block_groups=block_groups, block_m=block_m,
-      compute_dtype=compute_dtype, precision=precision)
-  codes = _load_codes(packed_ref, r0, block_rows, 0, block_groups, mask)
-  sum_sq, sum_gt = _tile_stats(codes, grads, C)
-  scale = _load_vector(scale_ref, r0, block_rows, row_mask, 1.0)
-  v = _load_vector(v_ref, r0, block_rows, row_mask, 0.0)
-  scale_new, v_new, ratio_m1, step, active = ref_lib.row_update(
-      sum_sq, sum_gt, scale, v, _read_hyper(hyper_ref), in_features=4 * n_groups, C=C,
-      lagged=lagged)
-  _store_vector(scale_out_ref, r0, block_rows, scale_new, row_mask)
-  _store_vector(v_out_ref, r0, block_rows, v_new, row_mask)
-  _store_vector(skipped_ref, r0, block_rows, (~active).astype(_I32), row_mask)
-  _update_tile(packed_out_ref, seed_ref[0], r0, 0, block_rows, block_groups, mask, rows, groups,
-               codes, grads, ratio_m1[:, None], step[:, None], active[:, None], C=C,
-               in_features=4 * n_groups, high_word=high_word)
-
-
-def _io_stats_kernel(x_ref, grad_out_ref, packed_ref, sum_sq_ref, sum_gt_ref, *, C, n_rows,
-                     n_groups, m_rows, block_rows, block_groups, block_m, compute_dtype,
-                     precision):
-  r0 = pl.program_id(0) * block_rows
-  tile = pl.program_id(1)
-  g0 = tile * block_groups
-  row_mask = (r0 + _iota(block_rows)) < n_rows
-  mask, groups = _tile_mask(row_mask, g0, block_groups, n_groups)
-  grads = _io_gradient_tile(
-      x_ref, grad_out_ref, r0, g0, row_mask, groups < n_groups, m_rows=m_rows,
-      block_rows=block_rows, block_groups=block_groups, block_m=block_m,
-      compute_dtype=compute_dtype, precision=precision)
-  codes = _load_codes(packed_ref, r0, block_rows, g0, block_groups, mask)
-  sum_sq, sum_gt = _tile_stats(codes, grads, C)
-  plgpu.store(sum_sq_ref.at[pl.ds(r0, block_rows), tile], sum_sq, mask=row_mask)
-  plgpu.store(sum_gt_ref.at[pl.ds(r0, block_rows), tile], sum_gt, mask=row_mask)
-
-
-def _io_apply_kernel(seed_ref, x_ref, grad_out_ref, ratio_ref, step_ref, active_ref, packed_ref,
-                     packed_out_ref, *, C, n_rows, n_groups, m_rows, block_rows, block_groups,
-                     block_m, compute_dtype, precision, high_word):
-  r0 = pl.program_id(0) * block_rows
-  g0 = pl.program_id(1) * block_groups
-  rows = r0 + _iota(block_rows)
-  row_mask = rows < n_rows
-  mask, groups = _tile_mask(row_mask, g0, block_groups, n_groups)
-  grads = _io_gradient_tile(
-      x_ref, grad_out_ref, r0, g0, row_mask, groups < n_groups, m_rows=m_rows,
-      block_rows=block_rows, block_groups=block_groups, block_m=block_m,
-      compute_dtype=compute_dtype, precision=precision)
-  codes = _load_codes(packed_ref, r0, block_rows, g0, block_groups, mask)
-  ratio_m1 = _load_vector(ratio_ref, r0, block_rows, row_mask, 0.0)[:, None]
-  step = _load_vector(step_ref, r0, block_rows, row_mask, 0.0)[:, None]
-  active = (_load_vector(active_ref, r0, block_rows, row_mask, 0) != 0)[:, None]
-  _update_tile(packed_out_ref, seed_ref[0], r0, g0, block_rows, block_groups, mask, rows, groups,
-               codes, grads, ratio_m1, step, active, C=C, in_features=4 * n_groups,
-               high_word=high_word)
-
-
-def _dot_setup(dtype_a, dtype_b, allow_tf32: bool):
-  compute_dtype = jnp.promote_types(dtype_a, dtype_b)
-  if compute_dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-    compute_dtype = jnp.dtype(_F32)
-  precision = jax.lax.Precision.DEFAULT if allow_tf32 else _HIGHEST
-  return compute_dtype, precision
-
-
-def counter_update_from_io(packed, scale, v, x, grad_out, hyper, seed, *, C: int, lagged: bool,
-                           config: FromIOConfig | None = None, interpret: bool = False):
-  """Kernel(s) of :func:`jaxnoise.ops.ternary.counter_update_from_io`.
-
-  Args:
-    packed: ``(out, 3 * in // 4)`` uint8, updated in place.
-    scale: ``(out,)`` float32.
-    v: ``(out,)`` float32.
-    x: ``(M, in)`` layer input.
-    grad_out: ``(M, out)`` gradient of the layer output.
-    hyper: ``(4,)`` float32 ``[lr, lr_scale, rms_beta, rms_eps]``.
-    seed: ``(1,)`` uint32.
-    C: counter half-width.
-    lagged: denominator from the previous ``v``.
-    config: tiling (None: heuristic).
-    interpret: run through the Pallas interpreter.
-
-  Returns:
-    ``(packed, scale, v, skipped)`` with ``skipped`` an ``(out,)`` bool.
-  """
-  m_rows, in_features = x.shape
-  out_features = grad_out.shape[1]
-  n_groups = in_features // 4
-  if check_config(config, FromIOConfig) is None:
-    config = FromIOConfig.get_heuristics_config(
-        (m_rows, out_features, in_features), jnp.promote_types(x.dtype, grad_out.dtype))
-  compute_dtype, precision = _dot_setup(x.dtype, grad_out.dtype, config.allow_tf32)
-  high_word = ref_lib.needs_high_word(out_features, in_features)
-  common = dict(C=C, n_rows=out_features, n_groups=n_groups, m_rows=m_rows,
-                block_rows=config.block_rows, block_groups=config.block_groups,
-                block_m=config.block_m, compute_dtype=compute_dtype, precision=precision)
-  n_row_blocks = _cdiv(out_features, config.block_rows)
-  packed3 = _packed_view(packed)
-  x3 = _dense_view(x)
-
-  if config.fused(in_features):
-    kernel = functools.partial(_io_fused_kernel, lagged=lagged, high_word=high_word, **common)
-    out_shape = (
-        jax.ShapeDtypeStruct(packed3.shape, jnp.uint8),
-        jax.ShapeDtypeStruct((out_features,), _F32),
-        jax.ShapeDtypeStruct((out_features,), _F32),
-        jax.ShapeDtypeStruct((out_features,), _I32),
-    )
-    new_packed, new_scale, new_v, skipped = _call(
-        kernel, name="ternary_counter_update_from_io", grid=(n_row_blocks,),
-        out_shape=out_shape, config=config, interpret=interpret,
-        input_output_aliases={4: 0, 5: 1, 6: 2},
-    )(hyper, seed, x3, grad_out, packed3, scale, v)
-    return new_packed.reshape(packed.shape), new_scale, new_v, skipped.astype(jnp.bool_)
-
-  n_tiles = _cdiv(n_groups, config.block_groups)
-  grid = (n_row_blocks, n_tiles)
-  partial_shape = jax.ShapeDtypeStruct((out_features, n_tiles), _F32)
-  sum_sq, sum_gt = _call(
-      functools.partial(_io_stats_kernel, **common), name="ternary_from_io_stats", grid=grid,
-      out_shape=(partial_shape, partial_shape), config=config, interpret=interpret,
-  )(x3, grad_out, packed3)
-  new_scale, new_v, ratio_m1, step, active = ref_lib.row_update(
-      sum_sq.sum(axis=1), sum_gt.sum(axis=1), scale, v, hyper, in_features=in_features, C=C,
-      lagged=lagged)
-  new_packed = _call(
-      functools.partial(_io_apply_kernel, high_word=high_word, **common),
-      name="ternary_from_io_update", grid=grid,
-      out_shape=jax.ShapeDtypeStruct(packed3.shape, jnp.uint8), config=config,
-      interpret=interpret, input_output_aliases={6: 0},
-  )(seed, x3, grad_out, ratio_m1, step, active.astype(_I32), packed3)
-  return new_packed.reshape(packed.shape), new_scale, new_v, ~active
-
-
-# ----------------------------------------------------------------------------
-# Packed ternary matmul and its input gradient.
-
-
-def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, m_rows, n_out, n_groups, block_m,
-                   block_n, block_groups, compute_dtype, precision):
-  m0 = pl.program_id(0) * block_m
-  n0 = pl.program_id(1) * block_n
-  m_mask = (m0 + _iota(block_m)) < m_rows
-  n_mask = (n0 + _iota(block_n)) < n_out
-
-  def step(i, acc):
-    g0 = i * block_groups
-    group_mask = (g0 + _iota(block_groups)) < n_groups
-    codes = _load_codes(packed_ref, n0, block_n, g0, block_groups,
-                        n_mask[:, None] & group_mask[None, :])
-    lanes = _load_lanes(x_ref, m0, block_m, g0, block_groups, 4,
-                        m_mask[:, None] & group_mask[None, :], 0)
-    for code, x in zip(codes, lanes):
-      # int -> float32 -> compute dtype: exact, and avoids int -> bf16 conversions.
-      t = ref_lib.ternary_of(code, C).astype(_F32).astype(compute_dtype)
-      acc = acc + jax.lax.dot_general(x.astype(compute_dtype), t, _DIMS_NT,
-                                      precision=precision, preferred_element_type=_F32)
-    return acc
-
-  acc = _loop(_cdiv(n_groups, block_groups), step, jnp.zeros((block_m, block_n), _F32))
-  scale = _load_vector(scale_ref, n0, block_n, n_mask, 0.0).astype(_F32)
-  plgpu.store(y_ref.at[pl.ds(m0, block_m), pl.ds(n0, block_n)],
-              (acc * scale[None, :]).astype(y_ref.dtype),
-              mask=m_mask[:, None] & n_mask[None, :])
-
-
-def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, C, m_rows, n_out,
-                              n_groups, block_m, block_n, block_groups, compute_dtype,
-                              precision):
-  m0 = pl.program_id(0) * block_m
-  g0 = pl.program_id(1) * block_groups
-  m_mask = (m0 + _iota(block_m)) < m_rows
-  group_mask = (g0 + _iota(block_groups)) < n_groups
-
-  def step(i, accumulators):
-    n0 = i * block_n
-    n_mask = (n0 + _iota(block_n)) < n_out
-    grad_y = plgpu.load(grad_y_ref.at[pl.ds(m0, block_m), pl.ds(n0, block_n)],
-                        mask=m_mask[:, None] & n_mask[None, :], other=0)
-    scale = _load_vector(scale_ref, n0, block_n, n_mask, 0.0).astype(_F32)
-    scaled = (grad_y.astype(_F32) * scale[None, :]).astype(compute_dtype)
-    codes = _load_codes(packed_ref, n0, block_n, g0, block_groups,
-                        n_mask[:, None] & group_mask[None, :])
-    return tuple(
-        acc + jax.lax.dot_general(
-            scaled, ref_lib.ternary_of(code, C).astype(_F32).astype(compute_dtype), _DIMS_NN,
-            precision=precision, preferred_element_type=_F32)
-        for acc, code in zip(accumulators, codes))
-
-  zeros = jnp.zeros((block_m, block_groups), _F32)
-  accumulators = _loop(_cdiv(n_out, block_n), step, (zeros,) * 4)
-  _store_lanes(grad_x_ref, m0, block_m, g0, block_groups,
-               [acc.astype(grad_x_ref.dtype) for acc in accumulators],
-               m_mask[:, None] & group_mask[None, :])
-
-
-def _matmul_config(config, shape, dtype) -> MatmulConfig:
-  if check_config(config, MatmulConfig) is None:
-    return MatmulConfig.get_heuristics_config(shape, dtype)
-  return config
-
-
-def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig | None = None,
-                   interpret: bool = False):
-  """``(M, in) @ (scale * t)^T -> (M, out)`` reading the packed codes in the kernel."""
-  m_rows, in_features = x.shape
-  out_features = packed.shape[0]
-  config = _matmul_config(config, (m_rows, out_features, in_features), x.dtype)
-  compute_dtype, precision = _dot_setup(x.dtype, x.dtype, config.allow_tf32)
-  kernel = functools.partial(
-      _matmul_kernel, C=C, m_rows=m_rows, n_out=out_features, n_groups=in_features // 4,
-      block_m=config.block_m, block_n=config.block_n, block_groups=config.block_groups,
-      compute_dtype=compute_dtype, precision=precision)
-  return _call(
-      kernel, name="ternary_matmul",
-      grid=(_cdiv(m_rows, config.block_m), _cdiv(out_features, config.block_n)),
-      out_shape=jax.ShapeDtypeStruct((m_rows, out_features), out_dtype), config=config,
-      interpret=interpret,
-  )(_dense_view(x), _packed_view(packed), scale)
-
-
-def ternary_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype,
-                              config: MatmulConfig | None = None, interpret: bool = False):
-  """``(grad_y * scale) @ t``: ``(M, out) -> (M, in)``, reading the packed codes."""
-  m_rows, out_features = grad_y.shape
-  in_features = 4 * (packed.shape[1] // 3)
-  config = _matmul_config(config, (m_rows, in_features, out_features), grad_y.dtype)
-  compute_dtype, precision = _dot_setup(grad_y.dtype, grad_y.dtype, config.allow_tf32)
-  n_groups = in_features // 4
-  kernel = functools.partial(
-      _matmul_input_grad_kernel, C=C, m_rows=m_rows, n_out=out_features, n_groups=n_groups,
-      block_m=config.block_m, block_n=config.block_n, block_groups=config.block_groups,
-      compute_dtype=compute_dtype, precision=precision)
-  grad_x = _call(
-      kernel, name="ternary_matmul_input_grad",
-      grid=(_cdiv(m_rows, config.block_m), _cdiv(n_groups, config.block_groups)),
-      out_shape=jax.ShapeDtypeStruct((m_rows, n_groups, 4), out_dtype), config=config,
-      interpret=interpret,
-  )(grad_y, _packed_view(packed), scale)
-  return grad_x.reshape(m_rows, in_features)
 
 
 __all__ = [
-    "counter_update",
-    "counter_update_from_io",
+    "UnitLayout",
+    "interleave",
     "pack_codes",
+    "packed_bytes",
+    "packed_units",
+    "split_lanes",
     "ternary_decode",
     "ternary_init",
-    "ternary_matmul",
-    "ternary_matmul_input_grad",
+    "unit_layout",
     "unpack_codes",
 ]

@@ -51,8 +51,9 @@ A row whose statistics ``mean(g**2)`` or ``sum(g * t)`` are not finite (any
 NaN or inf in ``g``, or an overflowing sum of squares) is *skipped*: its
 codes, scale and ``v`` are returned unchanged, and it is counted in the
 ``skipped_rows`` output. A NaN gradient therefore never reaches the state.
-Rows whose own state is invalid (``scale <= 0``, ``v < 0``, NaN or inf) are
-skipped and counted the same way.
+Rows whose own state is invalid (``scale <= 0``, ``v < 0``, NaN or inf), and
+rows whose step or scale ratio is not finite (a traced NaN or inf
+hyperparameter), are skipped and counted the same way.
 
 Inputs are assumed validated by :mod:`jaxnoise.ops.ternary.api`.
 """
@@ -104,6 +105,65 @@ def unpack_group(b0, b1, b2):
   c2 = ((b1 >> 4) | (b2 << 4)) & 0x3F
   c3 = (b2 >> 2) & 0x3F
   return c0, c1, c2, c3
+
+
+# A row's packed bytes are a little-endian 6-bit stream: code ``j`` of a row
+# is bits ``6j .. 6j + 5`` (the byte formulas above are that stream cut into
+# bytes). Cut into uint32 words instead (rows of ``in % 16 == 0`` start on a
+# word), 16 codes are 3 words and code ``j`` is bits ``6j % 32`` onwards of
+# word ``6j // 32``; codes 5 and 10 straddle two words.
+CODES_PER_WORD_GROUP = 16
+
+
+def unpack_words(w0, w1, w2):
+  """Three uint32 word arrays -> sixteen int32 code arrays (values in [0, 64))."""
+  words = (w0, w1, w2)
+  codes = []
+  for j in range(CODES_PER_WORD_GROUP):
+    word, bit = divmod(6 * j, 32)
+    value = words[word] >> bit
+    if bit > 26:  # straddles into the next word
+      value = value | (words[word + 1] << (32 - bit))
+    codes.append((value & 0x3F).astype(jnp.int32))
+  return codes
+
+
+def word_buckets(w0, w1, w2, C: int):
+  """``(c >= lv, c >= 2 * lv)`` of the 16 codes of three uint32 words, without unpacking.
+
+  A code that sits inside one word is compared in place: ``c >= k`` iff
+  ``(w & (63 << bit)) >= (k << bit)`` (unsigned), one mask and two compares;
+  the two codes that straddle words are unpacked first. Equal to comparing
+  :func:`unpack_words`'s codes (the ternary value is ``ge_lv + ge_2lv - 1``,
+  saturating past the valid range like :func:`ternary_of`).
+  """
+  lv = levels(C)
+  words = (w0, w1, w2)
+  codes = None
+  buckets = []
+  for j in range(CODES_PER_WORD_GROUP):
+    word, bit = divmod(6 * j, 32)
+    if bit > 26:
+      if codes is None:
+        codes = unpack_words(w0, w1, w2)
+      buckets.append((codes[j] >= lv, codes[j] >= 2 * lv))
+      continue
+    field = words[word] & jnp.uint32(0x3F << bit)
+    buckets.append((field >= jnp.uint32(lv << bit), field >= jnp.uint32((2 * lv) << bit)))
+  return buckets
+
+
+def pack_words(codes):
+  """Sixteen int32 code arrays (values in [0, 64)) -> three uint32 word arrays."""
+  words = [None, None, None]
+  for j, code in enumerate(codes):
+    code = code.astype(jnp.uint32)
+    word, bit = divmod(6 * j, 32)
+    part = code << bit
+    words[word] = part if words[word] is None else words[word] | part
+    if bit > 26:
+      words[word + 1] = code >> (32 - bit)
+  return tuple(words)
 
 
 def ternary_of(codes, C: int):
@@ -165,34 +225,60 @@ def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lag
   scale_new = jnp.clip(scale - lr_scale * grad_scale, _F32(SCALE_MIN), _F32(SCALE_MAX))
   # A row with an invalid state (scale <= 0, v < 0, NaN or inf: only from
   # hand-made or traced state; the API rejects concrete ones) is skipped too.
-  active = (is_finite(sum_sq) & is_finite(sum_gt) & (scale > 0) & is_finite(scale)
-            & (v >= 0) & is_finite(v))
   ratio_m1 = scale / scale_new - _F32(1.0)
   step = (lr * _F32(lv)) / denom
+  # A non-finite step or ratio (only from traced non-finite hyperparameters:
+  # the API rejects concrete ones) skips the row as well.
+  active = (is_finite(sum_sq) & is_finite(sum_gt) & (scale > 0) & is_finite(scale)
+            & (v >= 0) & is_finite(v) & is_finite(step) & is_finite(ratio_m1))
   scale_out = jnp.where(active, scale_new, scale)
   v_out = jnp.where(active, v_new, v)
   return scale_out, v_out, ratio_m1, step, active
+
+
+def code_center(codes, C: int):
+  """float32 ``c + 0.5 - 1.5 * lv`` of int32 codes in ``[0, 64)``, exactly, without a conversion.
+
+  ``bitcast(2**23 | c)`` is ``2**23 + c`` exactly, and ``2**23 + 1.5 * lv - 0.5``
+  is an integer (``lv`` is odd) below ``2**24``, so the one subtraction is exact.
+  """
+  biased = jax.lax.bitcast_convert_type(codes | 0x4B000000, jnp.float32)
+  return biased - _F32(8388608.0 + 1.5 * levels(C) - 0.5)
+
+
+# floor(z) + 1.5 * 2**23 has the integer floor(z) in its low mantissa bits
+# while |floor(z)| < 2**22; the bitcast and one integer subtraction give it.
+_ROUND_MAGIC = 12582912.0
+_ROUND_MAGIC_BITS = 0x4B400000
+
+
+def floor_to_int(value):
+  """int32 ``floor(value)`` of finite float32 ``|value| < 2**22``, with no float -> int conversion."""
+  shifted = jnp.floor(value) + _F32(_ROUND_MAGIC)
+  return jax.lax.bitcast_convert_type(shifted, jnp.int32) - _ROUND_MAGIC_BITS
 
 
 def tick(codes, grad, u, ratio_m1, step, active, C: int, bitwise: bool = False):
   """New int32 codes: ``clip(c + floor(delta + u), 0, 3lv - 1)`` on active rows.
 
   ``codes``, ``grad`` and ``u`` are element arrays; ``ratio_m1``, ``step``
-  and ``active`` broadcast against them (per row). ``bitwise`` replaces the
-  int -> float conversion of the codes by :func:`float_of_code`
-  (identical results, full-rate operations). The float -> int step stays a
-  conversion: its bit-trick form ``(y + 1.5 * 2**23) - 1.5 * 2**23`` is folded
-  to ``y`` by XLA's algebraic simplifier, which would break the interpreter.
+  and ``active`` broadcast against them (per row); ``active=None`` returns
+  the moved codes of every row (a kernel that skips the store of inactive
+  rows instead). The code's centre is :func:`code_center` and the float ->
+  int step :func:`floor_to_int` (bit tricks equal to the conversions, at
+  full rate); both are exact, so ``bitwise`` (kept for callers) changes
+  nothing. ``delta`` is finite on active rows (:func:`row_update` checks the
+  row's step and ratio), and clipped to ``[-4lv, 4lv]`` so the trick stays
+  exact.
   """
+  del bitwise
   lv = levels(C)
-  code_value = float_of_code(codes) if bitwise else codes.astype(_F32)
-  center = code_value + _F32(0.5 - 1.5 * lv)
-  delta = ratio_m1 * center - step * grad.astype(_F32)
-  # The clip only keeps the float->int conversion defined; the result is
-  # clipped to [0, 3lv - 1] anyway.
+  delta = ratio_m1 * code_center(codes, C) - step * grad.astype(_F32)
   delta = jnp.clip(delta, _F32(-4 * lv), _F32(4 * lv))
-  moved = codes + jnp.floor(delta + u).astype(jnp.int32)
+  moved = codes + floor_to_int(delta + u)
   moved = jnp.clip(moved, 0, 3 * lv - 1)
+  if active is None:
+    return moved
   return jnp.where(active, moved, codes)
 
 
@@ -214,6 +300,19 @@ def rounding_draw(seed, rows, cols, in_features: int, high_word: bool):
   if not high_word:
     return noise_lib.uniform01(seed, jnp.uint32(0), lo, high_word=False)
   return noise_lib.uniform01(seed, hi, lo, high_word=True)
+
+
+def rounding_draw_run(seed, rows, first_cols, n: int, in_features: int, high_word: bool):
+  """:func:`rounding_draw` at columns ``first_cols + j`` for ``j < n`` (a list of ``n`` arrays).
+
+  The kernels draw a unit's ``n`` consecutive columns at once; without the
+  high word the hash's index product is shared (:func:`noise.uniform01_run`).
+  """
+  if high_word:
+    return [rounding_draw(seed, rows, first_cols + jnp.uint32(j), in_features, True)
+            for j in range(n)]
+  _, lo = element_index(rows, first_cols, in_features, False)
+  return noise_lib.uniform01_run(seed, lo, n)
 
 
 def needs_high_word(out_features: int, in_features: int) -> bool:

@@ -1,0 +1,334 @@
+"""Pure-JAX reference of the ternary counter ops (the CPU path and the test oracle).
+
+Counter state (SPEC section 3)
+------------------------------
+A weight row of ``in`` entries is ``in`` 6-bit counters ("codes") ``c`` in
+``[0, 3 * lv)`` with ``lv = 2 * C - 1`` and ``C`` in ``1..11``. A code's
+ternary value is ``t = c // lv - 1`` (one of -1, 0, +1) and its latent
+position is ``p = (c + 0.5) / lv - 1.5`` (in ``(-1.5, 1.5)``); the weight
+is ``scale[row] * t``. Four codes of a row group ``m`` (columns ``4m..4m+3``)
+are packed into three bytes::
+
+    b0 = c0 | c1 << 6,   b1 = c1 >> 2 | c2 << 4,   b2 = c2 >> 4 | c3 << 2
+
+(low 8 bits each), so a ``(out, in)`` matrix is stored as ``(out, 3 * in // 4)``
+uint8: 0.75 byte per weight.
+
+Codes ``>= 3 * lv`` cannot come out of :func:`pack_codes_reference` with a
+checked ``C`` or out of an update, but a hand-made byte array may hold them;
+every op then *saturates* them to ``t = +1`` (``t`` is computed as
+``(c >= lv) + (c >= 2 * lv) - 1``), and an update clips them back into range.
+
+Update
+------
+For a row with gradient ``g`` (``in`` values), old scale ``s`` and RMS state
+``v`` (see SPEC section 3)::
+
+    v'     = beta * v + (1 - beta) * mean(g**2)
+    d      = max(sqrt(v if lagged else v'), eps)
+    grad_s = sum(g * t) / sqrt(in)
+    s'     = clip(s - lr_scale * grad_s, 1e-5, 10)
+    p'     = p * (s / s') - lr * g / d
+    c'     = clip(floor((p' + 1.5) * lv - 0.5 + u), 0, 3 * lv - 1)
+
+with ``u`` in ``[0, 1)`` from :func:`jaxnoise.noise.uniform01` at
+``(seed, row * in + col)``. Substituting ``p`` gives the identical real-valued
+target in *code units*::
+
+    (p' + 1.5) * lv - 0.5 = c + delta,
+    delta = (s / s' - 1) * (c + 0.5 - 1.5 * lv) - (lr * lv / d) * g
+
+and the ops compute ``c' = clip(c + floor(delta + u), 0, 3 * lv - 1)``. The
+two forms are equal in exact arithmetic; this one is also exact in float32
+where it matters: with ``g = 0`` and ``s' = s`` the step ``delta`` is exactly
+0 and ``floor(u) = 0``, so every code is unchanged, whereas the literal form
+rounds ``c + u`` up to ``c + 1`` when ``u`` is within one float32 ulp of 1.
+``E[floor(delta + u)] = delta`` (to ``2**-24``), so the rounding is unbiased.
+
+Non-finite gradients
+--------------------
+A row whose statistics ``mean(g**2)`` or ``sum(g * t)`` are not finite (any
+NaN or inf in ``g``, or an overflowing sum of squares) is *skipped*: its
+codes, scale and ``v`` are returned unchanged, and it is counted in the
+``skipped_rows`` output. A NaN gradient therefore never reaches the state.
+Rows whose own state is invalid (``scale <= 0``, ``v < 0``, NaN or inf) are
+skipped and counted the same way.
+
+Inputs are assumed validated by :mod:`jaxnoise.ops.ternary.api`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxnoise import noise as noise_lib
+
+_F32 = jnp.float32
+_HIGHEST = jax.lax.Precision.HIGHEST
+SCALE_MIN = 1e-5
+SCALE_MAX = 10.0
+C_MIN, C_MAX = 1, 11
+
+
+def levels(C: int) -> int:
+  """``lv = 2 * C - 1``: codes per ternary bucket."""
+  return 2 * C - 1
+
+
+def n_codes(C: int) -> int:
+  """Number of valid codes ``3 * lv`` (at most 63, so a code fits 6 bits)."""
+  return 3 * levels(C)
+
+
+# ----------------------------------------------------------------------------
+# Shared element math. The Pallas kernels call these same functions on their
+# tiles, so the reference and the kernels share one definition of every
+# formula (only the order of the row reductions differs).
+
+
+def pack_group(c0, c1, c2, c3):
+  """Four int32 code arrays -> three int32 byte arrays (values in [0, 256))."""
+  b0 = (c0 | (c1 << 6)) & 0xFF
+  b1 = ((c1 >> 2) | (c2 << 4)) & 0xFF
+  b2 = ((c2 >> 4) | (c3 << 2)) & 0xFF
+  return b0, b1, b2
+
+
+def unpack_group(b0, b1, b2):
+  """Three int32 byte arrays -> four int32 code arrays (values in [0, 64))."""
+  c0 = b0 & 0x3F
+  c1 = ((b0 >> 6) | (b1 << 2)) & 0x3F
+  c2 = ((b1 >> 4) | (b2 << 4)) & 0x3F
+  c3 = (b2 >> 2) & 0x3F
+  return c0, c1, c2, c3
+
+
+def ternary_of(codes, C: int):
+  """int32 ternary value ``c // lv - 1`` (codes >= 3 * lv saturate to +1)."""
+  lv = levels(C)
+  return (codes >= lv).astype(jnp.int32) + (codes >= 2 * lv).astype(jnp.int32) - 1
+
+
+def ternary_float(codes, C: int):
+  """float32 ternary value of int32 codes, with selects instead of a conversion (same values)."""
+  lv = levels(C)
+  return jnp.where(codes >= 2 * lv, _F32(1.0), jnp.where(codes >= lv, _F32(0.0), _F32(-1.0)))
+
+
+def float_of_code(codes):
+  """float32 of int32 codes in ``[0, 2**22)``: ``bitcast(2**23 + c) - 2**23``, exact, no conversion."""
+  biased = jax.lax.bitcast_convert_type(codes | 0x4B000000, jnp.float32)
+  return biased - _F32(8388608.0)
+
+
+def code_of_latent(latent, C: int):
+  """Nearest code to a latent position (float32): ``round((p + 1.5) * lv - 0.5)``."""
+  lv = levels(C)
+  position = (jnp.clip(latent, -1.5, 1.5) + 1.5) * lv - 0.5
+  return jnp.clip(jnp.floor(position + 0.5), 0, 3 * lv - 1).astype(jnp.int32)
+
+
+def is_finite(value):
+  """``isfinite`` as a comparison (NaN compares false), as the kernels compute it."""
+  return jnp.abs(value) < jnp.inf
+
+
+def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lagged: bool):
+  """Per-row part of the update, from the row's reductions.
+
+  Args:
+    sum_sq: float32 ``sum(g**2)`` per row.
+    sum_gt: float32 ``sum(g * t)`` per row.
+    scale: float32 old scale ``s``.
+    v: float32 old RMS state.
+    hyper: float32 ``(4,)`` ``[lr, lr_scale, rms_beta, rms_eps]`` (or a
+      sequence of four float32 scalars).
+    in_features: the row length.
+    C: counter half-width.
+    lagged: use the old ``v`` in the denominator.
+
+  Returns:
+    ``(scale_out, v_out, ratio_m1, step, active)``: the new scale and state
+    (unchanged on skipped rows), ``s / s' - 1``, ``lr * lv / d`` and a bool
+    that is False on rows skipped for a non-finite gradient or an invalid
+    ``scale`` / ``v``.
+  """
+  lr, lr_scale, beta, eps = hyper[0], hyper[1], hyper[2], hyper[3]
+  lv = levels(C)
+  mean_sq = sum_sq * _F32(1.0 / in_features)
+  v_new = beta * v + (_F32(1.0) - beta) * mean_sq
+  denom = jnp.maximum(jnp.sqrt(v if lagged else v_new), eps)
+  grad_scale = sum_gt * _F32(1.0 / math.sqrt(in_features))
+  scale_new = jnp.clip(scale - lr_scale * grad_scale, _F32(SCALE_MIN), _F32(SCALE_MAX))
+  # A row with an invalid state (scale <= 0, v < 0, NaN or inf: only from
+  # hand-made or traced state; the API rejects concrete ones) is skipped too.
+  active = (is_finite(sum_sq) & is_finite(sum_gt) & (scale > 0) & is_finite(scale)
+            & (v >= 0) & is_finite(v))
+  ratio_m1 = scale / scale_new - _F32(1.0)
+  step = (lr * _F32(lv)) / denom
+  scale_out = jnp.where(active, scale_new, scale)
+  v_out = jnp.where(active, v_new, v)
+  return scale_out, v_out, ratio_m1, step, active
+
+
+def tick(codes, grad, u, ratio_m1, step, active, C: int, bitwise: bool = False):
+  """New int32 codes: ``clip(c + floor(delta + u), 0, 3lv - 1)`` on active rows.
+
+  ``codes``, ``grad`` and ``u`` are element arrays; ``ratio_m1``, ``step``
+  and ``active`` broadcast against them (per row). ``bitwise`` replaces the
+  int -> float conversion of the codes by :func:`float_of_code`
+  (identical results, full-rate operations). The float -> int step stays a
+  conversion: its bit-trick form ``(y + 1.5 * 2**23) - 1.5 * 2**23`` is folded
+  to ``y`` by XLA's algebraic simplifier, which would break the interpreter.
+  """
+  lv = levels(C)
+  code_value = float_of_code(codes) if bitwise else codes.astype(_F32)
+  center = code_value + _F32(0.5 - 1.5 * lv)
+  delta = ratio_m1 * center - step * grad.astype(_F32)
+  # The clip only keeps the float->int conversion defined; the result is
+  # clipped to [0, 3lv - 1] anyway.
+  delta = jnp.clip(delta, _F32(-4 * lv), _F32(4 * lv))
+  moved = codes + jnp.floor(delta + u).astype(jnp.int32)
+  moved = jnp.clip(moved, 0, 3 * lv - 1)
+  return jnp.where(active, moved, codes)
+
+
+def element_index(rows, cols, in_features: int, high_word: bool):
+  """``(hi, lo)`` uint32 words of ``row * in + col`` (rows ``(r, 1)``, cols ``(1, k)``)."""
+  rows = rows.astype(jnp.uint32)
+  cols = cols.astype(jnp.uint32)
+  if not high_word:
+    return None, rows * jnp.uint32(in_features) + cols
+  base_hi, base_lo = noise_lib.row_base(0, rows, in_features)
+  lo = base_lo + cols
+  hi = base_hi + (lo < base_lo).astype(jnp.uint32)
+  return hi, lo
+
+
+def rounding_draw(seed, rows, cols, in_features: int, high_word: bool):
+  """``u`` in ``[0, 1)`` at ``(seed, row * in + col)`` (the stochastic-rounding draw)."""
+  hi, lo = element_index(rows, cols, in_features, high_word)
+  if not high_word:
+    return noise_lib.uniform01(seed, jnp.uint32(0), lo, high_word=False)
+  return noise_lib.uniform01(seed, hi, lo, high_word=True)
+
+
+def needs_high_word(out_features: int, in_features: int) -> bool:
+  """True when some index ``row * in + col`` is 2**32 or more."""
+  return out_features * in_features > (1 << 32)
+
+
+# ----------------------------------------------------------------------------
+# Reference ops.
+
+
+def pack_codes_reference(codes: jax.Array) -> jax.Array:
+  """``(out, in)`` integer codes -> ``(out, 3 * in // 4)`` uint8 (low 6 bits kept)."""
+  out_features, in_features = codes.shape
+  groups = codes.astype(jnp.int32).reshape(out_features, in_features // 4, 4) & 0x3F
+  b0, b1, b2 = pack_group(groups[..., 0], groups[..., 1], groups[..., 2], groups[..., 3])
+  packed = jnp.stack([b0, b1, b2], axis=-1).astype(jnp.uint8)
+  return packed.reshape(out_features, 3 * (in_features // 4))
+
+
+def unpack_codes_reference(packed: jax.Array) -> jax.Array:
+  """``(out, 3 * in // 4)`` uint8 -> ``(out, in)`` uint8 codes."""
+  out_features, n_bytes = packed.shape
+  groups = packed.astype(jnp.int32).reshape(out_features, n_bytes // 3, 3)
+  codes = unpack_group(groups[..., 0], groups[..., 1], groups[..., 2])
+  return jnp.stack(codes, axis=-1).reshape(out_features, 4 * (n_bytes // 3)).astype(jnp.uint8)
+
+
+def absmean_scale(weight: jax.Array) -> jax.Array:
+  """Per-row ``mean(|w|)`` clipped to ``[1e-5, 10]`` (float32)."""
+  scale = jnp.mean(jnp.abs(weight.astype(_F32)), axis=1)
+  return jnp.clip(scale, _F32(SCALE_MIN), _F32(SCALE_MAX))
+
+
+def ternary_init_reference(weight: jax.Array, C: int) -> tuple[jax.Array, jax.Array]:
+  """Absmean ternary init: ``scale = mean|w|`` per row, code nearest ``w / scale``."""
+  scale = absmean_scale(weight)
+  latent = weight.astype(_F32) / scale[:, None]
+  return pack_codes_reference(code_of_latent(latent, C)), scale
+
+
+def ternary_decode_reference(packed: jax.Array, scale: jax.Array, C: int,
+                             dtype=jnp.float32) -> jax.Array:
+  """``(out, in)`` weights ``scale[row] * t`` in ``dtype``."""
+  codes = unpack_codes_reference(packed).astype(jnp.int32)
+  t = ternary_of(codes, C).astype(_F32)
+  return (t * scale.astype(_F32)[:, None]).astype(dtype)
+
+
+def counter_update_reference(
+    packed: jax.Array,
+    scale: jax.Array,
+    v: jax.Array,
+    grad_w: jax.Array,
+    hyper: jax.Array,
+    seed: jax.Array,
+    *,
+    C: int,
+    lagged: bool,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """The counter update of SPEC section 3 on a dense ``(out, in)`` gradient.
+
+  Args:
+    packed: ``(out, 3 * in // 4)`` uint8 codes.
+    scale: ``(out,)`` float32.
+    v: ``(out,)`` float32 RMS state.
+    grad_w: ``(out, in)`` float gradient.
+    hyper: ``(4,)`` float32 ``[lr, lr_scale, rms_beta, rms_eps]``.
+    seed: uint32 scalar.
+    C: counter half-width.
+    lagged: use the previous ``v`` in the denominator.
+
+  Returns:
+    ``(packed, scale, v, skipped)``; ``skipped`` is ``(out,)`` bool, True on
+    rows left unchanged because their gradient was not finite.
+  """
+  out_features, in_features = grad_w.shape
+  codes = unpack_codes_reference(packed).astype(jnp.int32)
+  grad = grad_w.astype(_F32)
+  t = ternary_of(codes, C).astype(_F32)
+  sum_sq = jnp.sum(grad * grad, axis=1)
+  sum_gt = jnp.sum(grad * t, axis=1)
+  scale_out, v_out, ratio_m1, step, active = row_update(
+      sum_sq, sum_gt, scale, v, hyper, in_features=in_features, C=C, lagged=lagged)
+  rows = jax.lax.broadcasted_iota(jnp.uint32, (out_features, 1), 0)
+  cols = jax.lax.broadcasted_iota(jnp.uint32, (1, in_features), 1)
+  u = rounding_draw(seed, rows, cols, in_features, needs_high_word(out_features, in_features))
+  new_codes = tick(codes, grad, u, ratio_m1[:, None], step[:, None], active[:, None], C)
+  return pack_codes_reference(new_codes), scale_out, v_out, ~active
+
+
+def io_weight_gradient(x: jax.Array, grad_out: jax.Array) -> jax.Array:
+  """``grad_out^T @ x`` in float32: the ``(out, in)`` weight gradient of a linear layer."""
+  return jnp.einsum("mo,mi->oi", grad_out.astype(_F32), x.astype(_F32), precision=_HIGHEST)
+
+
+def counter_update_from_io_reference(packed, scale, v, x, grad_out, hyper, seed, *, C: int,
+                                     lagged: bool):
+  """:func:`counter_update_reference` with ``grad_w = grad_out^T x`` (formed densely here)."""
+  return counter_update_reference(packed, scale, v, io_weight_gradient(x, grad_out), hyper, seed,
+                                  C=C, lagged=lagged)
+
+
+def ternary_matmul_reference(x: jax.Array, packed: jax.Array, scale: jax.Array, *, C: int,
+                             out_dtype=None) -> jax.Array:
+  """``y = x @ (scale * t)^T`` with float32 accumulation; ``x`` is ``(M, in)``."""
+  out_dtype = x.dtype if out_dtype is None else out_dtype
+  t = ternary_of(unpack_codes_reference(packed).astype(jnp.int32), C).astype(_F32)
+  y = jnp.einsum("mi,oi->mo", x.astype(_F32), t, precision=_HIGHEST)
+  return (y * scale.astype(_F32)[None, :]).astype(out_dtype)
+
+
+def ternary_matmul_input_grad_reference(grad_y: jax.Array, packed: jax.Array, scale: jax.Array,
+                                        *, C: int, out_dtype=jnp.float32) -> jax.Array:
+  """``grad_x = (grad_y * scale) @ t``: ``(M, out) -> (M, in)``."""
+  t = ternary_of(unpack_codes_reference(packed).astype(jnp.int32), C).astype(_F32)
+  scaled = grad_y.astype(_F32) * scale.astype(_F32)[None, :]
+  return jnp.einsum("mo,oi->mi", scaled, t, precision=_HIGHEST).astype(out_dtype)

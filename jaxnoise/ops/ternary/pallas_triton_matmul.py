@@ -1,0 +1,235 @@
+"""Pallas (Triton) kernels of the packed ternary matmul and its input gradient.
+
+Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
+
+* ``"dot"``: ``(block_m, block_n)`` output tiles; the packed codes of a tile's
+  rows are decoded in registers (0.75 byte per weight from memory) and meet a
+  contiguous ``x`` tile in one ``dot_general`` per step. ``split_k > 1``
+  cuts ``in`` into that many slabs, one program each, and XLA sums the float32
+  partial tiles: for decode-sized ``M`` (GEMV) the grid then has enough
+  programs to stream the weights with every SM (``out / block_n`` alone is
+  far fewer than the GPU's SMs at ``out = 4096``).
+* ``"fma"``: the same tiles without tensor cores (``+-x`` selected per code),
+  for ``M`` of one or two rows.
+* ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large ``M``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jaxnoise.ops.ternary import pallas_triton as elementwise
+from jaxnoise.ops.ternary import reference as ref_lib
+from jaxnoise.ops.ternary.config import MatmulConfig, check_config
+from jaxnoise.ops.ternary.pallas_triton import (
+    UnitLayout,
+    _call,
+    _cdiv,
+    _dot_setup,
+    _iota,
+    _load_codes,
+    _load_lanes,
+    _load_vector,
+    _loop,
+    _packed_view,
+    _store_lanes,
+    interleave,
+    load_unit_codes,
+    packed_units,
+    unit_layout,
+)
+
+__all__ = ["ternary_matmul", "ternary_matmul_input_grad"]
+
+_F32 = jnp.float32
+# x (BM, BG) . t (BN, BG)^T -> (BM, BN).
+_DIMS_NT = (((1,), (1,)), ((), ()))
+# g (BM, BN) . t (BN, BG) -> (BM, BG).
+_DIMS_NN = (((1,), (0,)), ((), ()))
+
+
+def _ternary_select(codes, C: int, minus, zero, plus):
+  """``plus`` / ``zero`` / ``minus`` by the code's bucket (``t = +1, 0, -1``; saturating)."""
+  lv = ref_lib.levels(C)
+  return jnp.where(codes >= 2 * lv, plus, jnp.where(codes >= lv, zero, minus))
+
+
+def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
+                   n_units, block_m, block_n, block_units, steps_per_split, method,
+                   compute_dtype, precision, partial_sums):
+  """One ``(block_m, block_n)`` output tile over one split of ``in``.
+
+  Each step loads ``block_units`` packed units per output row (three strided
+  word or byte lanes), unpacks them into ``L`` code lanes, joins the lanes in
+  natural column order (:func:`interleave`: registers only) and meets a
+  contiguous ``(block_m, block_units * L)`` tile of ``x``:
+
+  * ``method="dot"``: ``t`` selected in the compute dtype (exact), one
+    ``dot_general`` per step (tensor cores; float32 accumulation);
+  * ``method="fma"``: ``+-x`` or 0 selected per code and summed in float32
+    (no tensor cores: for one or two rows, where a dot pads to 16).
+  """
+  m0 = pl.program_id(0) * block_m
+  n0 = pl.program_id(1) * block_n
+  split = pl.program_id(2)
+  per_unit = layout.codes
+  width = block_units * per_unit
+  m_mask = (m0 + _iota(block_m)) < m_rows
+  n_mask = (n0 + _iota(block_n)) < n_out
+  first_unit = split * (steps_per_split * block_units)
+
+  def load(i, joined_codes=True):
+    u0 = first_unit + i * block_units
+    unit_mask = (u0 + _iota(block_units)) < n_units
+    mask = n_mask[:, None] & unit_mask[None, :]
+    if joined_codes:
+      codes = interleave(load_unit_codes(packed_ref, n0, block_n, u0, block_units, mask,
+                                         layout))
+    else:
+      codes = _load_lanes(packed_ref, n0, block_n, u0, block_units, 3, mask, 0)
+    col_mask = (u0 * per_unit + _iota(width)) < n_units * per_unit
+    x = plgpu.load(x_ref.at[pl.ds(m0, block_m), pl.ds(u0 * per_unit, width)],
+                   mask=m_mask[:, None] & col_mask[None, :], other=0)
+    return codes, x
+
+  if method == "dot":
+    minus, zero, plus = (jnp.asarray(v, compute_dtype) for v in (-1, 0, 1))
+
+    def step(i, acc):
+      if layout.words:
+        # Bucket compares on the packed words (no shift per code), then joined.
+        raw, x = load(i, joined_codes=False)
+        t = interleave([jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
+                        for ge_lv, ge_2lv in ref_lib.word_buckets(*raw, C)])
+      else:
+        codes, x = load(i)
+        t = _ternary_select(codes, C, minus, zero, plus)
+      return acc + jax.lax.dot_general(x.astype(compute_dtype), t, _DIMS_NT,
+                                       precision=precision, preferred_element_type=_F32)
+
+    acc = _loop(steps_per_split, step, jnp.zeros((block_m, block_n), _F32))
+  else:
+    def step(i, acc):
+      codes, x = load(i)
+      x = x.astype(_F32)[:, None, :]
+      return acc + _ternary_select(codes[None], C, -x, _F32(0.0), x)
+
+    acc = _loop(steps_per_split, step, jnp.zeros((block_m, block_n, width), _F32))
+    acc = jnp.sum(acc, axis=2)
+
+  mask = m_mask[:, None] & n_mask[None, :]
+  if partial_sums:
+    plgpu.store(y_ref.at[split, pl.ds(m0, block_m), pl.ds(n0, block_n)], acc, mask=mask)
+  else:
+    scale = _load_vector(scale_ref, n0, block_n, n_mask, 0.0).astype(_F32)
+    plgpu.store(y_ref.at[pl.ds(m0, block_m), pl.ds(n0, block_n)],
+                (acc * scale[None, :]).astype(y_ref.dtype), mask=mask)
+
+
+def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, C, m_rows, n_out,
+                              n_groups, block_m, block_n, block_groups, compute_dtype,
+                              precision):
+  m0 = pl.program_id(0) * block_m
+  g0 = pl.program_id(1) * block_groups
+  m_mask = (m0 + _iota(block_m)) < m_rows
+  group_mask = (g0 + _iota(block_groups)) < n_groups
+
+  def step(i, accumulators):
+    n0 = i * block_n
+    n_mask = (n0 + _iota(block_n)) < n_out
+    grad_y = plgpu.load(grad_y_ref.at[pl.ds(m0, block_m), pl.ds(n0, block_n)],
+                        mask=m_mask[:, None] & n_mask[None, :], other=0)
+    scale = _load_vector(scale_ref, n0, block_n, n_mask, 0.0).astype(_F32)
+    scaled = (grad_y.astype(_F32) * scale[None, :]).astype(compute_dtype)
+    codes = _load_codes(packed_ref, n0, block_n, g0, block_groups,
+                        n_mask[:, None] & group_mask[None, :])
+    return tuple(
+        acc + jax.lax.dot_general(
+            scaled, ref_lib.ternary_of(code, C).astype(_F32).astype(compute_dtype), _DIMS_NN,
+            precision=precision, preferred_element_type=_F32)
+        for acc, code in zip(accumulators, codes))
+
+  zeros = jnp.zeros((block_m, block_groups), _F32)
+  accumulators = _loop(_cdiv(n_out, block_n), step, (zeros,) * 4)
+  _store_lanes(grad_x_ref, m0, block_m, g0, block_groups,
+               [acc.astype(grad_x_ref.dtype) for acc in accumulators],
+               m_mask[:, None] & group_mask[None, :])
+
+
+def _matmul_config(config, shape, dtype) -> MatmulConfig:
+  if check_config(config, MatmulConfig) is None:
+    return MatmulConfig.get_heuristics_config(shape, dtype)
+  return config
+
+
+def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig | None = None,
+                   interpret: bool = False):
+  """``(M, in) @ (scale * t)^T -> (M, out)`` reading the packed codes in the kernel.
+
+  ``config.method="decode"`` instead decodes ``t`` to a dense compute-dtype
+  matrix (a Pallas kernel; exact) and lets XLA multiply: a temporary of
+  ``out * in`` values, for large ``M`` where the GEMM dominates.
+  """
+  m_rows, in_features = x.shape
+  out_features = packed.shape[0]
+  config = _matmul_config(config, (m_rows, out_features, in_features), x.dtype)
+  compute_dtype, precision = _dot_setup(x.dtype, x.dtype, config.allow_tf32)
+  if config.method == "decode":
+    t = elementwise.ternary_decode(packed, jnp.ones((out_features,), _F32), C=C,
+                                   dtype=compute_dtype, interpret=interpret)
+    y = jax.lax.dot_general(x.astype(compute_dtype), t, _DIMS_NT, precision=precision,
+                            preferred_element_type=_F32)
+    return (y * scale.astype(_F32)[None, :]).astype(out_dtype)
+  layout = unit_layout(in_features, config.word_loads and config.block_groups >= 4)
+  per_unit = layout.codes
+  n_units = in_features // per_unit
+  block_units = max(1, config.block_groups * 4 // per_unit)
+  n_steps = _cdiv(n_units, block_units)
+  steps_per_split = _cdiv(n_steps, max(1, min(config.split_k, n_steps)))
+  splits = _cdiv(n_steps, steps_per_split)
+  partial_sums = splits > 1
+  kernel = functools.partial(
+      _matmul_kernel, C=C, layout=layout, m_rows=m_rows, n_out=out_features, n_units=n_units,
+      block_m=config.block_m, block_n=config.block_n, block_units=block_units,
+      steps_per_split=steps_per_split, method=config.method, compute_dtype=compute_dtype,
+      precision=precision, partial_sums=partial_sums)
+  if partial_sums:
+    out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)
+  else:
+    out_shape = jax.ShapeDtypeStruct((m_rows, out_features), out_dtype)
+  y = _call(
+      kernel, name="ternary_matmul",
+      grid=(_cdiv(m_rows, config.block_m), _cdiv(out_features, config.block_n), splits),
+      out_shape=out_shape, config=config, interpret=interpret,
+  )(x, packed_units(packed, layout), scale)
+  if partial_sums:
+    y = (jnp.sum(y, axis=0) * scale.astype(_F32)[None, :]).astype(out_dtype)
+  return y
+
+
+def ternary_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype,
+                              config: MatmulConfig | None = None, interpret: bool = False):
+  """``(grad_y * scale) @ t``: ``(M, out) -> (M, in)``, reading the packed codes."""
+  m_rows, out_features = grad_y.shape
+  in_features = 4 * (packed.shape[1] // 3)
+  config = _matmul_config(config, (m_rows, in_features, out_features), grad_y.dtype)
+  compute_dtype, precision = _dot_setup(grad_y.dtype, grad_y.dtype, config.allow_tf32)
+  n_groups = in_features // 4
+  kernel = functools.partial(
+      _matmul_input_grad_kernel, C=C, m_rows=m_rows, n_out=out_features, n_groups=n_groups,
+      block_m=config.block_m, block_n=config.block_n, block_groups=config.block_groups,
+      compute_dtype=compute_dtype, precision=precision)
+  grad_x = _call(
+      kernel, name="ternary_matmul_input_grad",
+      grid=(_cdiv(m_rows, config.block_m), _cdiv(n_groups, config.block_groups)),
+      out_shape=jax.ShapeDtypeStruct((m_rows, n_groups, 4), out_dtype), config=config,
+      interpret=interpret,
+  )(grad_y, _packed_view(packed), scale)
+  return grad_x.reshape(m_rows, in_features)
+
+

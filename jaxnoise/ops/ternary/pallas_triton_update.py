@@ -1,0 +1,391 @@
+"""Pallas (Triton) kernels of the counter updates: on a dense gradient, and from (x, grad_out).
+
+Counter update on a dense gradient
+----------------------------------
+Memory-bound: it must move the gradient once and the packed codes once each
+way (``itemsize + 1.5`` bytes per weight). Every element's new code needs two
+statistics of its whole row (``sum g**2`` and ``sum g * t``), so a program
+owns ``block_rows`` whole rows and keeps them in registers: the row is cut
+into static *chunks* (:meth:`CounterUpdateConfig.row_chunks`: power-of-2
+tiles, the last one masked), all loaded before the row's statistics are
+reduced, then ticked and stored. Rows longer than ``max_resident_groups``
+take two passes over chunks of ``block_groups`` (statistics, then update; the
+second pass mostly from L2).
+
+What keeps the per-element work low (the update is issue-bound at about 40
+instructions per weight, the budget at 80% of an H200's bandwidth is ~60
+for float32 gradients): packed codes are read and written as uint32 words
+(three per 16 codes) where rows allow; gradients in 16-byte vectors; the
+code's centre and the float -> int step are bit tricks
+(:func:`reference.code_center`, :func:`reference.floor_to_int`);
+``sum g * t`` selects ``+-g``; rows that are skipped are not stored at all
+(the codes are aliased in place), so no per-element select.
+
+Update from the layer's input and output gradient
+-------------------------------------------------
+``grad_out^T x`` is formed tile by tile with ``dot_general`` (float32
+accumulation) and never written out. When a tile spans whole rows (short
+rows), one kernel forms the tile, reduces the row statistics and updates it.
+Otherwise a statistics kernel writes per-tile partial sums, the per-row
+scalars are formed in XLA, and an update kernel recomputes each tile and
+updates its codes: two GEMM-equivalents of work, no dense gradient.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jaxnoise.ops.ternary import reference as ref_lib
+from jaxnoise.ops.ternary.config import CounterUpdateConfig, FromIOConfig, check_config
+from jaxnoise.ops.ternary.pallas_triton import (
+    UnitLayout,
+    _call,
+    _cdiv,
+    _dot_setup,
+    _I32,
+    _iota,
+    _load_vector,
+    _loop,
+    _store_vector,
+    dense_units,
+    load_dense_lanes,
+    load_unit_codes,
+    packed_bytes,
+    packed_units,
+    split_lanes,
+    store_unit_codes,
+    unit_layout,
+)
+
+__all__ = ["counter_update", "counter_update_from_io"]
+
+_F32 = jnp.float32
+# Contract dim 0 of both operands: grad_out^T (BM, BR) x (BM, BG) -> (BR, BG).
+_DIMS_TN = (((0,), (0,)), ((), ()))
+
+
+def _read_hyper(hyper_ref):
+  return tuple(hyper_ref[k] for k in range(4))
+
+
+def _tile_stats(codes, grads, C):
+  """Row sums ``sum(g**2)`` and ``sum(g * t)`` of a tile's lanes (masked entries are 0).
+
+  ``g * t`` is ``g``, ``0`` or ``-g`` selected by the code's bucket: the same
+  values as the product (codes past the range saturate to ``t = +1``).
+  """
+  lv = ref_lib.levels(C)
+  zero = _F32(0.0)
+  squares = sum(g * g for g in grads)
+  signed = sum(jnp.where(c >= 2 * lv, g, jnp.where(c >= lv, zero, -g))
+               for c, g in zip(codes, grads))
+  return jnp.sum(squares, axis=1), jnp.sum(signed, axis=1)
+
+
+def _tick_lanes(seed, rows, units, codes, grads, ratio_m1, step, *, C, codes_per_unit,
+                in_features, high_word):
+  """New code lanes of a tile (stochastic rounding at ``(seed, row * in + col)``)."""
+  rows_u = rows.astype(jnp.uint32)[:, None]
+  first_cols = (units * codes_per_unit).astype(jnp.uint32)[None, :]
+  draws = ref_lib.rounding_draw_run(seed, rows_u, first_cols, codes_per_unit, in_features,
+                                    high_word)
+  return [ref_lib.tick(code, grad, u, ratio_m1, step, None, C)
+          for code, grad, u in zip(codes, grads, draws)]
+
+
+def _counter_update_kernel(hyper_ref, seed_ref, grad_ref, packed_ref, scale_ref, v_ref,
+                           packed_out_ref, scale_out_ref, v_out_ref, skipped_ref, *, C, lagged,
+                           layout: UnitLayout, n_rows, n_units, block_rows, chunks, loop_units,
+                           vector, high_word):
+  """One program: ``block_rows`` whole rows, in static chunks (or a two-pass loop)."""
+  r0 = pl.program_id(0) * block_rows
+  traced_zero = r0 * 0
+  rows = r0 + _iota(block_rows)
+  row_mask = rows < n_rows
+  hyper = _read_hyper(hyper_ref)
+  seed = seed_ref[0]
+  scale = _load_vector(scale_ref, r0, block_rows, row_mask, 1.0)
+  v = _load_vector(v_ref, r0, block_rows, row_mask, 0.0)
+  per_unit = layout.codes
+  in_features = per_unit * n_units
+
+  def load(u0, size):
+    # A traced start: JAX rejects static slices that start inside the array and end
+    # past it; the masks handle the tail.
+    u0 = u0 + traced_zero
+    units = u0 + _iota(size)
+    mask = row_mask[:, None] & (units < n_units)[None, :]
+    codes = load_unit_codes(packed_ref, r0, block_rows, u0, size, mask, layout)
+    grads = load_dense_lanes(grad_ref, r0, block_rows, u0, size, per_unit, vector, mask)
+    return u0, units, mask, codes, [g.astype(_F32) for g in grads]
+
+  def finish_rows(sum_sq, sum_gt):
+    scale_new, v_new, ratio_m1, step, active = ref_lib.row_update(
+        sum_sq, sum_gt, scale, v, hyper, in_features=in_features, C=C, lagged=lagged)
+    _store_vector(scale_out_ref, r0, block_rows, scale_new, row_mask)
+    _store_vector(v_out_ref, r0, block_rows, v_new, row_mask)
+    _store_vector(skipped_ref, r0, block_rows, (~active).astype(_I32), row_mask)
+    return ratio_m1[:, None], step[:, None], active[:, None]
+
+  def update(size, u0, units, mask, codes, grads, ratio_m1, step, active):
+    new_codes = _tick_lanes(seed, rows, units, codes, grads, ratio_m1, step, C=C,
+                            codes_per_unit=per_unit, in_features=in_features,
+                            high_word=high_word)
+    # Skipped rows are not written: the codes are updated in place, so they keep theirs.
+    store_unit_codes(packed_out_ref, r0, block_rows, u0, size, new_codes, mask & active, layout)
+
+  if loop_units is None:
+    # The whole row in registers: one read of the gradient and the codes.
+    tiles = [(size, *load(u0, size)) for u0, size in chunks]
+    sums = [_tile_stats(tile[4], tile[5], C) for tile in tiles]
+    ratio_m1, step, active = finish_rows(sum(s[0] for s in sums), sum(s[1] for s in sums))
+    for tile in tiles:
+      update(*tile, ratio_m1, step, active)
+    return
+
+  n_loop = _cdiv(n_units, loop_units)
+
+  def accumulate(j, totals):
+    _, _, _, codes, grads = load(j * loop_units, loop_units)
+    tile_sq, tile_gt = _tile_stats(codes, grads, C)
+    return totals[0] + tile_sq, totals[1] + tile_gt
+
+  zeros = jnp.zeros((block_rows,), _F32)
+  ratio_m1, step, active = finish_rows(*jax.lax.fori_loop(0, n_loop, accumulate, (zeros, zeros)))
+
+  def apply(j, carry):
+    update(loop_units, *load(j * loop_units, loop_units), ratio_m1, step, active)
+    return carry
+
+  jax.lax.fori_loop(0, n_loop, apply, ())
+
+
+def counter_update(packed, scale, v, grad_w, hyper, seed, *, C: int, lagged: bool,
+                   config: CounterUpdateConfig | None = None, interpret: bool = False):
+  """Kernel of :func:`jaxnoise.ops.ternary.counter_update`.
+
+  Args:
+    packed: ``(out, 3 * in // 4)`` uint8, updated in place (aliased).
+    scale: ``(out,)`` float32, updated in place.
+    v: ``(out,)`` float32, updated in place.
+    grad_w: ``(out, in)`` float gradient.
+    hyper: ``(4,)`` float32 ``[lr, lr_scale, rms_beta, rms_eps]``.
+    seed: ``(1,)`` uint32.
+    C: counter half-width.
+    lagged: denominator from the previous ``v``.
+    config: tiling (None: heuristic).
+    interpret: run through the Pallas interpreter.
+
+  Returns:
+    ``(packed, scale, v, skipped)`` with ``skipped`` an ``(out,)`` bool.
+  """
+  out_features, in_features = grad_w.shape
+  if check_config(config, CounterUpdateConfig) is None:
+    config = CounterUpdateConfig.get_heuristics_config(grad_w.shape, grad_w.dtype)
+  layout = unit_layout(in_features, config.uses_words(in_features))
+  per_unit = layout.codes
+  group_scale = per_unit // 4  # groups per unit
+  n_units = in_features // per_unit
+  chunks = config.row_chunks(in_features // 4)
+  if chunks is None:
+    loop_units, unit_chunks = max(1, config.block_groups // group_scale), None
+  else:
+    loop_units = None
+    unit_chunks = tuple((start // group_scale, max(1, size // group_scale))
+                        for start, size in chunks)
+  vector = 1
+  if config.vector_loads:
+    vector = min(per_unit, max(1, 16 // jnp.dtype(grad_w.dtype).itemsize))
+  kernel = functools.partial(
+      _counter_update_kernel, C=C, lagged=lagged, layout=layout, n_rows=out_features,
+      n_units=n_units, block_rows=config.block_rows, chunks=unit_chunks, loop_units=loop_units,
+      vector=vector, high_word=ref_lib.needs_high_word(out_features, in_features))
+  units = packed_units(packed, layout)
+  out_shape = (
+      jax.ShapeDtypeStruct(units.shape, units.dtype),
+      jax.ShapeDtypeStruct((out_features,), _F32),
+      jax.ShapeDtypeStruct((out_features,), _F32),
+      jax.ShapeDtypeStruct((out_features,), _I32),
+  )
+  new_units, new_scale, new_v, skipped = _call(
+      kernel, name="ternary_counter_update", grid=(_cdiv(out_features, config.block_rows),),
+      out_shape=out_shape, config=config, interpret=interpret,
+      input_output_aliases={3: 0, 4: 1, 5: 2},
+  )(hyper, seed, dense_units(grad_w, per_unit), units, scale, v)
+  return (packed_bytes(new_units, layout), new_scale, new_v, skipped.astype(jnp.bool_))
+
+
+# ----------------------------------------------------------------------------
+# Counter update from the layer's input and output gradient.
+
+
+def _io_gradient_tile(x_ref, grad_out_ref, r0, u0, row_mask, *, n_cols, m_rows, block_rows,
+                      block_units, per_unit, block_m, compute_dtype, precision):
+  """The ``L`` lanes of ``grad_out^T x`` on a ``(block_rows, block_units)`` unit tile (float32).
+
+  Each step meets a ``(block_m, block_rows)`` tile of ``grad_out`` and a
+  contiguous ``(block_m, block_units * L)`` tile of ``x`` in one
+  ``dot_general`` (float32 accumulation, natural column order); the
+  accumulator is split into lanes once, after the reduction over ``M``.
+  """
+  width = block_units * per_unit
+  col_mask = (u0 * per_unit + _iota(width)) < n_cols
+
+  def step(i, acc):
+    m0 = i * block_m
+    m_mask = (m0 + _iota(block_m)) < m_rows
+    grad_out = plgpu.load(grad_out_ref.at[pl.ds(m0, block_m), pl.ds(r0, block_rows)],
+                          mask=m_mask[:, None] & row_mask[None, :], other=0)
+    x = plgpu.load(x_ref.at[pl.ds(m0, block_m), pl.ds(u0 * per_unit, width)],
+                   mask=m_mask[:, None] & col_mask[None, :], other=0)
+    return acc + jax.lax.dot_general(grad_out.astype(compute_dtype), x.astype(compute_dtype),
+                                     _DIMS_TN, precision=precision,
+                                     preferred_element_type=_F32)
+
+  acc = _loop(_cdiv(m_rows, block_m), step, jnp.zeros((block_rows, width), _F32))
+  return split_lanes(acc.reshape(block_rows, block_units, per_unit))
+
+
+def _io_tile(x_ref, grad_out_ref, packed_ref, r0, u0, *, layout, n_rows, n_units, m_rows,
+             block_rows, block_units, block_m, compute_dtype, precision):
+  """Rows, units, mask, code lanes and gradient lanes of one from-IO tile."""
+  rows = r0 + _iota(block_rows)
+  units = u0 + _iota(block_units)
+  row_mask = rows < n_rows
+  mask = row_mask[:, None] & (units < n_units)[None, :]
+  grads = _io_gradient_tile(
+      x_ref, grad_out_ref, r0, u0, row_mask, n_cols=n_units * layout.codes, m_rows=m_rows,
+      block_rows=block_rows,
+      block_units=block_units, per_unit=layout.codes, block_m=block_m,
+      compute_dtype=compute_dtype, precision=precision)
+  codes = load_unit_codes(packed_ref, r0, block_rows, u0, block_units, mask, layout)
+  return rows, units, row_mask, mask, codes, grads
+
+
+def _io_fused_kernel(hyper_ref, seed_ref, x_ref, grad_out_ref, packed_ref, scale_ref, v_ref,
+                     packed_out_ref, scale_out_ref, v_out_ref, skipped_ref, *, C, lagged,
+                     high_word, **tile):
+  """One tile spans whole rows: gradient tile, row statistics and update in one program."""
+  r0 = pl.program_id(0) * tile["block_rows"]
+  layout, block_rows = tile["layout"], tile["block_rows"]
+  rows, units, row_mask, mask, codes, grads = _io_tile(x_ref, grad_out_ref, packed_ref, r0, 0,
+                                                       **tile)
+  sum_sq, sum_gt = _tile_stats(codes, grads, C)
+  in_features = layout.codes * tile["n_units"]
+  scale = _load_vector(scale_ref, r0, block_rows, row_mask, 1.0)
+  v = _load_vector(v_ref, r0, block_rows, row_mask, 0.0)
+  scale_new, v_new, ratio_m1, step, active = ref_lib.row_update(
+      sum_sq, sum_gt, scale, v, _read_hyper(hyper_ref), in_features=in_features, C=C,
+      lagged=lagged)
+  _store_vector(scale_out_ref, r0, block_rows, scale_new, row_mask)
+  _store_vector(v_out_ref, r0, block_rows, v_new, row_mask)
+  _store_vector(skipped_ref, r0, block_rows, (~active).astype(_I32), row_mask)
+  new_codes = _tick_lanes(seed_ref[0], rows, units, codes, grads, ratio_m1[:, None],
+                          step[:, None], C=C, codes_per_unit=layout.codes,
+                          in_features=in_features, high_word=high_word)
+  store_unit_codes(packed_out_ref, r0, block_rows, 0, tile["block_units"], new_codes,
+                   mask & active[:, None], layout)
+
+
+def _io_stats_kernel(x_ref, grad_out_ref, packed_ref, sum_sq_ref, sum_gt_ref, *, C, **tile):
+  """Partial row statistics of one tile (``(out, tiles)`` outputs)."""
+  r0 = pl.program_id(0) * tile["block_rows"]
+  index = pl.program_id(1)
+  _, _, row_mask, _, codes, grads = _io_tile(x_ref, grad_out_ref, packed_ref, r0,
+                                             index * tile["block_units"], **tile)
+  sum_sq, sum_gt = _tile_stats(codes, grads, C)
+  plgpu.store(sum_sq_ref.at[pl.ds(r0, tile["block_rows"]), index], sum_sq, mask=row_mask)
+  plgpu.store(sum_gt_ref.at[pl.ds(r0, tile["block_rows"]), index], sum_gt, mask=row_mask)
+
+
+def _io_apply_kernel(seed_ref, x_ref, grad_out_ref, ratio_ref, step_ref, active_ref, packed_ref,
+                     packed_out_ref, *, C, high_word, **tile):
+  """Recompute one tile's gradient and update its codes (skipped rows are not stored)."""
+  block_rows, layout = tile["block_rows"], tile["layout"]
+  r0 = pl.program_id(0) * block_rows
+  u0 = pl.program_id(1) * tile["block_units"]
+  rows, units, row_mask, mask, codes, grads = _io_tile(x_ref, grad_out_ref, packed_ref, r0, u0,
+                                                       **tile)
+  ratio_m1 = _load_vector(ratio_ref, r0, block_rows, row_mask, 0.0)[:, None]
+  step = _load_vector(step_ref, r0, block_rows, row_mask, 0.0)[:, None]
+  active = (_load_vector(active_ref, r0, block_rows, row_mask, 0) != 0)[:, None]
+  new_codes = _tick_lanes(seed_ref[0], rows, units, codes, grads, ratio_m1, step, C=C,
+                          codes_per_unit=layout.codes, in_features=layout.codes * tile["n_units"],
+                          high_word=high_word)
+  store_unit_codes(packed_out_ref, r0, block_rows, u0, tile["block_units"], new_codes,
+                   mask & active, layout)
+
+
+def counter_update_from_io(packed, scale, v, x, grad_out, hyper, seed, *, C: int, lagged: bool,
+                           config: FromIOConfig | None = None, interpret: bool = False):
+  """Kernel(s) of :func:`jaxnoise.ops.ternary.counter_update_from_io`.
+
+  Args:
+    packed: ``(out, 3 * in // 4)`` uint8, updated in place.
+    scale: ``(out,)`` float32.
+    v: ``(out,)`` float32.
+    x: ``(M, in)`` layer input.
+    grad_out: ``(M, out)`` gradient of the layer output.
+    hyper: ``(4,)`` float32 ``[lr, lr_scale, rms_beta, rms_eps]``.
+    seed: ``(1,)`` uint32.
+    C: counter half-width.
+    lagged: denominator from the previous ``v``.
+    config: tiling (None: heuristic).
+    interpret: run through the Pallas interpreter.
+
+  Returns:
+    ``(packed, scale, v, skipped)`` with ``skipped`` an ``(out,)`` bool.
+  """
+  m_rows, in_features = x.shape
+  out_features = grad_out.shape[1]
+  if check_config(config, FromIOConfig) is None:
+    config = FromIOConfig.get_heuristics_config(
+        (m_rows, out_features, in_features), jnp.promote_types(x.dtype, grad_out.dtype))
+  compute_dtype, precision = _dot_setup(x.dtype, grad_out.dtype, config.allow_tf32)
+  high_word = ref_lib.needs_high_word(out_features, in_features)
+  layout = unit_layout(in_features, config.word_loads and config.block_groups >= 4)
+  n_units = in_features // layout.codes
+  block_units = max(1, config.block_groups * 4 // layout.codes)
+  tile = dict(layout=layout, n_rows=out_features, n_units=n_units, m_rows=m_rows,
+              block_rows=config.block_rows, block_units=block_units, block_m=config.block_m,
+              compute_dtype=compute_dtype, precision=precision)
+  n_row_blocks = _cdiv(out_features, config.block_rows)
+  units = packed_units(packed, layout)
+
+  if config.fused(in_features):
+    kernel = functools.partial(_io_fused_kernel, C=C, lagged=lagged, high_word=high_word, **tile)
+    out_shape = (
+        jax.ShapeDtypeStruct(units.shape, units.dtype),
+        jax.ShapeDtypeStruct((out_features,), _F32),
+        jax.ShapeDtypeStruct((out_features,), _F32),
+        jax.ShapeDtypeStruct((out_features,), _I32),
+    )
+    new_units, new_scale, new_v, skipped = _call(
+        kernel, name="ternary_counter_update_from_io", grid=(n_row_blocks,),
+        out_shape=out_shape, config=config, interpret=interpret,
+        input_output_aliases={4: 0, 5: 1, 6: 2},
+    )(hyper, seed, x, grad_out, units, scale, v)
+    return packed_bytes(new_units, layout), new_scale, new_v, skipped.astype(jnp.bool_)
+
+  n_tiles = _cdiv(n_units, block_units)
+  grid = (n_row_blocks, n_tiles)
+  partial_shape = jax.ShapeDtypeStruct((out_features, n_tiles), _F32)
+  sum_sq, sum_gt = _call(
+      functools.partial(_io_stats_kernel, C=C, **tile), name="ternary_from_io_stats", grid=grid,
+      out_shape=(partial_shape, partial_shape), config=config, interpret=interpret,
+  )(x, grad_out, units)
+  new_scale, new_v, ratio_m1, step, active = ref_lib.row_update(
+      sum_sq.sum(axis=1), sum_gt.sum(axis=1), scale, v, hyper, in_features=in_features, C=C,
+      lagged=lagged)
+  new_units = _call(
+      functools.partial(_io_apply_kernel, C=C, high_word=high_word, **tile),
+      name="ternary_from_io_update", grid=grid,
+      out_shape=jax.ShapeDtypeStruct(units.shape, units.dtype), config=config,
+      interpret=interpret, input_output_aliases={6: 0},
+  )(seed, x, grad_out, ratio_m1, step, active.astype(_I32), units)
+  return packed_bytes(new_units, layout), new_scale, new_v, ~active

@@ -1,0 +1,212 @@
+"""Autotuning entry points of the ternary ops (packed matmul, counter updates).
+
+Call one of these once, outside ``jit``, on representative concrete inputs;
+afterwards the op picks the tuned config (when called with ``config=None``)
+for inputs of the same shapes and dtypes, also under ``jit``. Every candidate
+is first compared with the pure-JAX reference (:mod:`jaxnoise.ops.autotune`):
+one that disagrees is excluded and recorded with its deviation, never dropped
+silently. The deviation of a counter update is the fraction of codes that
+differ from the reference (each by at most one; a code off by more, a scale or
+``v`` off by more than 1e-4 relative, or a different skipped-row count is an
+infinite deviation), screened against SPEC's 1e-4.
+
+Example:
+  >>> import jax.numpy as jnp
+  >>> from jaxnoise.ops import ternary
+  >>> from jaxnoise.ops.ternary import tuning
+  >>> packed, scale = ternary.ternary_init(jnp.ones((8, 32)), C=3)
+  >>> record = tuning.tune_matmul(jnp.ones((2, 32)), packed, scale, C=3,
+  ...     implementation="interpret", candidates=[None], repeats=1)
+  >>> record.selected is not None
+  True
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnoise.ops import _common
+from jaxnoise.ops import autotune
+from jaxnoise.ops.ternary import config as config_lib
+from jaxnoise.ops.ternary import reference
+from jaxnoise.ops.ternary.matmul import ternary_matmul
+from jaxnoise.ops.ternary.update import counter_update, counter_update_from_io
+
+__all__ = ["tune_counter_update", "tune_counter_update_from_io", "tune_matmul",
+           "update_deviation"]
+
+# Accepted relative deviation of the matmul from the float32 reference, by x's
+# dtype (products of exact ternary values; only the reduction order and the
+# output rounding differ).
+_MATMUL_TOLERANCE = {
+    jnp.dtype(jnp.float32): 1e-4,
+    jnp.dtype(jnp.bfloat16): 1e-2,
+    jnp.dtype(jnp.float16): 2e-3,
+}
+# SPEC section 3: at most 1e-4 of the codes, each off by one.
+UPDATE_TOLERANCE = 1e-4
+
+
+def _kernel_implementation(implementation: str) -> str:
+  implementation = _common.resolve_implementation(implementation)
+  if implementation == "reference":
+    raise ValueError('the reference has nothing to tune: use implementation="pallas" (GPU) '
+                     'or "interpret"')
+  return implementation
+
+
+def _resolve(candidates, heuristic):
+  """``None`` entries stand for the heuristic config."""
+  return [heuristic if c is None else c for c in candidates]
+
+
+def update_deviation(result, expected) -> float:
+  """Fraction of codes that differ between two update results (``inf`` past SPEC's bounds).
+
+  Args:
+    result: ``(packed, scale, v, skipped_rows)`` of the candidate.
+    expected: the same of the reference.
+
+  Returns:
+    The fraction of differing codes, or ``inf`` when a code differs by more
+    than one, ``scale`` or ``v`` by more than 1e-4 relative, or the skipped
+    row counts differ.
+  """
+  codes = np.asarray(reference.unpack_codes_reference(jnp.asarray(result[0])), np.int64)
+  ref_codes = np.asarray(reference.unpack_codes_reference(jnp.asarray(expected[0])), np.int64)
+  diff = np.abs(codes - ref_codes)
+  if diff.max(initial=0) > 1 or int(np.asarray(result[3])) != int(np.asarray(expected[3])):
+    return float("inf")
+  for got, want in ((result[1], expected[1]), (result[2], expected[2])):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if not np.all(np.abs(got - want) <= 1e-4 * np.maximum(np.abs(want), 1e-30)):
+      return float("inf")
+  return float((diff != 0).mean())
+
+
+def _update_hyper(C: int, in_features: int) -> dict:
+  """Hyperparameters for tuning: a step that moves most codes (a non-vacuous screen)."""
+  del in_features
+  return dict(C=C, lr=1.0 / reference.levels(C), lr_scale=0.01, rms_beta=0.9, rms_eps=1e-8,
+              seed=12345)
+
+
+def tune_counter_update(packed, scale, v, grad_w, *, C: int, lagged: bool = False,
+                        implementation: str = "auto", candidates: Sequence[Any] | None = None,
+                        tolerance: float = UPDATE_TOLERANCE,
+                        repeats: int = 10) -> autotune.TuningRecord:
+  """Tune :func:`jaxnoise.ops.ternary.counter_update` for ``grad_w``'s shape and dtype.
+
+  The state is not modified (the candidates run without donation).
+
+  Args:
+    packed, scale, v, grad_w: as for the op (concrete arrays).
+    C: counter half-width.
+    lagged: as for the op.
+    implementation: ``"auto"``, ``"pallas"`` or ``"interpret"``.
+    candidates: configs to try (None: :meth:`CounterUpdateConfig.candidates`;
+      a None entry stands for the heuristic).
+    tolerance: accepted fraction of codes off by one.
+    repeats: timed calls per candidate.
+
+  Returns:
+    The tuning record (every candidate with its deviation and time).
+  """
+  implementation = _kernel_implementation(implementation)
+  shape, dtype = tuple(grad_w.shape), grad_w.dtype
+  heuristic = config_lib.CounterUpdateConfig.get_heuristics_config(shape, dtype)
+  if candidates is None:
+    candidates = config_lib.CounterUpdateConfig.candidates(shape, dtype)
+  hyper = _update_hyper(C, shape[1])
+  op = functools.partial(counter_update, lagged=lagged, donate=False, **hyper)
+
+  def run(config):
+    return tuple(op(packed, scale, v, grad_w, implementation=implementation, config=config))
+
+  op_name, key = config_lib.counter_update_key(implementation, shape, dtype)
+  return autotune.tune(
+      op_name, key, _resolve(candidates, heuristic), run,
+      lambda: tuple(op(packed, scale, v, grad_w, implementation="reference")), tolerance,
+      repeats=repeats, deviation=update_deviation)
+
+
+def tune_counter_update_from_io(packed, scale, v, x, grad_out, *, C: int, lagged: bool = False,
+                                implementation: str = "auto",
+                                candidates: Sequence[Any] | None = None,
+                                tolerance: float = UPDATE_TOLERANCE,
+                                repeats: int = 10) -> autotune.TuningRecord:
+  """Tune :func:`jaxnoise.ops.ternary.counter_update_from_io` for these shapes and dtypes.
+
+  ``x`` and ``grad_out`` are ``(M, in)`` and ``(M, out)`` (2-D, as the op
+  flattens them). Arguments as :func:`tune_counter_update`; the candidates
+  default to :meth:`FromIOConfig.candidates`.
+  """
+  implementation = _kernel_implementation(implementation)
+  m_rows, in_features = x.shape
+  out_features = grad_out.shape[1]
+  dtype = jnp.promote_types(x.dtype, grad_out.dtype)
+  shape = (m_rows, out_features, in_features)
+  heuristic = config_lib.FromIOConfig.get_heuristics_config(shape, dtype)
+  if candidates is None:
+    candidates = config_lib.FromIOConfig.candidates(shape, dtype)
+  hyper = _update_hyper(C, in_features)
+  op = functools.partial(counter_update_from_io, lagged=lagged, donate=False, **hyper)
+
+  def run(config):
+    return tuple(op(packed, scale, v, x, grad_out, implementation=implementation,
+                    config=config))
+
+  op_name, key = config_lib.from_io_key(implementation, m_rows, out_features, in_features, dtype)
+  return autotune.tune(
+      op_name, key, _resolve(candidates, heuristic), run,
+      lambda: tuple(op(packed, scale, v, x, grad_out, implementation="reference")), tolerance,
+      repeats=repeats, deviation=update_deviation)
+
+
+def tune_matmul(x, packed, scale, *, C: int, out_dtype: Any = None,
+                implementation: str = "auto", candidates: Sequence[Any] | None = None,
+                tolerance: float | None = None, repeats: int = 10) -> autotune.TuningRecord:
+  """Tune :func:`jaxnoise.ops.ternary.ternary_matmul` for ``x``'s shape and dtype.
+
+  Args:
+    x: ``(M, in)`` input (2-D, as the op flattens it).
+    packed, scale, C, out_dtype: as for the op.
+    implementation: ``"auto"``, ``"pallas"`` or ``"interpret"``.
+    candidates: configs to try (None: :meth:`MatmulConfig.candidates`; a
+      None entry stands for the heuristic).
+    tolerance: accepted ``max|y - ref| / max|ref|`` (None: by ``x``'s dtype).
+    repeats: timed calls per candidate.
+
+  Returns:
+    The tuning record.
+  """
+  implementation = _kernel_implementation(implementation)
+  out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
+  m_rows, in_features = x.shape
+  out_features = packed.shape[0]
+  shape = (m_rows, out_features, in_features)
+  heuristic = config_lib.MatmulConfig.get_heuristics_config(shape, x.dtype)
+  if candidates is None:
+    candidates = config_lib.MatmulConfig.candidates(shape, x.dtype)
+  op = functools.partial(ternary_matmul, C=C, out_dtype=out_dtype)
+  compiled = {}
+
+  def run(config):
+    if config not in compiled:
+      compiled[config] = jax.jit(functools.partial(op, implementation=implementation,
+                                                   config=config))
+    return compiled[config](x, packed, scale)
+
+  if tolerance is None:
+    tolerance = _MATMUL_TOLERANCE.get(jnp.dtype(x.dtype), 1e-2)
+  op_name, key = config_lib.matmul_key(implementation, m_rows, out_features, in_features,
+                                       x.dtype, out_dtype)
+  return autotune.tune(op_name, key, _resolve(candidates, heuristic), run,
+                       lambda: op(x, packed, scale, implementation="reference"), tolerance,
+                       repeats=repeats)
