@@ -49,7 +49,6 @@ from jaxnoise.ops import _common
 from jaxnoise.ops import autotune
 from jaxnoise.ops.virtual_noise import api as ops
 from jaxnoise.ops.virtual_noise import config as config_lib
-from jaxnoise.ops.virtual_noise import reference
 
 __all__ = [
     "initialize_distributed",
@@ -289,65 +288,55 @@ def shard_tree(tree: Any, shardings: Any) -> Any:
 
 
 def _full_gradient_config(es, block_shape, offset, n_individuals, pop):
-  """The config (kernel) or chunk (reference) the one-device gradient of this block uses."""
-  n_elements = math.prod(block_shape)
+  """The kernel config the one-device gradient of this block uses (None: the reference).
+
+  A config sets how the kernel splits the population; the reference has one
+  order whatever the shape.
+  """
   implementation = _common.resolve_implementation(es.implementation)
-  kind = noise_lib.get_kind(es.kind)
   if implementation == "reference":
-    return reference.chunk_size_for(n_individuals, n_elements)
+    return None
   if es.config is not None:
     return es.config
+  kind = noise_lib.get_kind(es.kind)
   key = config_lib.noise_gradient_key(implementation, pop, block_shape, kind, es.antithetic,
                                       offset)
   config = autotune.lookup(key[0], key)
   if config is None:
-    config = config_lib.noise_gradient_heuristics(n_elements, n_individuals)
+    config = config_lib.noise_gradient_heuristics(math.prod(block_shape), n_individuals)
   return config
 
 
 def _row_block_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int):
   """Rows ``[row0, row0 + n_rows)`` of the leaf's gradient, in its noise view."""
-  view = plan.block.noise_shape
-  rest = view[1:]
+  if plan.block.rank is not None:
+    return _low_rank_row_gradient(es, plan, shaped, seeds, row0, n_rows, pop)
+  rest = plan.block.noise_shape[1:]
   row_size = math.prod(rest)
   # The 2-D (or 1-D) shape the one-device path hands the op, for the whole block and the shard.
   def op_shape(rows):
     return (rows * math.prod(rest[:-1]), rest[-1]) if rest else (rows,)
   n_individuals = pop // 2 if es.antithetic else pop
-  if plan.block.rank is not None:
-    return _low_rank_row_gradient(es, plan, shaped, seeds, row0, n_rows, pop)
   setting = _full_gradient_config(es, op_shape(plan.rows), plan.block.offset, n_individuals, pop)
-  offset = plan.block.offset + row0 * row_size
-  kind = noise_lib.get_kind(es.kind)
-  if _common.resolve_implementation(es.implementation) == "reference":
-    grad = reference.noise_gradient_reference(
-        shaped, seeds, op_shape(n_rows), jnp.float32(es.sigma), pop, offset, kind=kind,
-        antithetic=es.antithetic, chunk_size=setting)
-  elif rest:
-    grad = ops.virtual_weight_gradient(shaped, seeds, op_shape(n_rows), es.sigma, pop, offset,
-                                       kind=kind, antithetic=es.antithetic,
-                                       implementation=es.implementation, config=setting)
-  else:
-    grad = ops.virtual_bias_gradient(shaped, seeds, op_shape(n_rows), es.sigma, pop, offset,
-                                     kind=kind, antithetic=es.antithetic,
-                                     implementation=es.implementation, config=setting)
+  grad = ops._gradient(  # pylint: disable=protected-access
+      shaped, seeds, op_shape(n_rows), es.sigma, pop, plan.block.offset + row0 * row_size,
+      noise_lib.get_kind(es.kind), es.antithetic, es.implementation, setting)
   return grad.reshape((n_rows,) + rest)
 
 
 def _low_rank_row_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int):
-  """Rows of a low-rank block's gradient: ``sum_i f_i A_i[rows] B_i^T``, ``A``'s rows sliced.
+  """Rows ``[row0, row0 + n_rows)`` of a low-rank block's gradient, by the one-device op.
 
-  The one-device path runs the same GEMM over all rows; XLA may tile the two
-  GEMMs differently, so shards agree with it to float rounding (not bit for bit).
+  The op contracts the factors over whole row tiles at fixed positions
+  (:func:`jaxnoise.ops.virtual_noise.pallas_triton_low_rank.tile_window`; the reference
+  adds outer products element by element in order), so the shard is
+  those rows of the one-device gradient, bit for bit.
   """
-  config = es.config if isinstance(es.config, config_lib.LowRankGradientConfig) else (
-      config_lib.LowRankGradientConfig())
-  exact = _common.resolve_implementation(es.implementation) == "reference" or not config.tf32
-  return reference.low_rank_gradient(
-      shaped, seeds, plan.block.noise_shape, jnp.float32(es.sigma), pop, plan.block.offset,
-      kind=noise_lib.get_kind(es.kind), antithetic=es.antithetic, chunk_size=config.chunk,
-      rank=plan.block.rank, precision=jax.lax.Precision.HIGHEST if exact else None,
-      operand_dtype=jnp.dtype(config.operand_dtype), rows=(row0, n_rows))
+  config = es.config if isinstance(es.config, config_lib.LowRankGradientConfig) else None
+  return ops._gradient(  # pylint: disable=protected-access
+      shaped, seeds, plan.block.noise_shape, es.sigma, pop, plan.block.offset,
+      noise_lib.get_kind(es.kind), es.antithetic, es.implementation, config,
+      rank=plan.block.rank, rows=(row0, n_rows))
 
 
 def sharded_gradient(es, shaped_fitness: jax.Array, seeds: jax.Array, params: Any, *,
