@@ -240,6 +240,13 @@ def bound_raw_fitness(fitness: jax.Array, sigma: float | jax.Array) -> tuple[jax
           over.astype(jnp.int32))
 
 
+def _seal(value: jax.Array) -> jax.Array:
+  """:func:`jaxnoise.ops._common.sealed` for floating leaves; others unchanged."""
+  if jnp.issubdtype(value.dtype, jnp.floating):
+    return _common.sealed(value)
+  return value
+
+
 def _all_finite(tree: Any) -> jax.Array:
   """True when every floating leaf of ``tree`` is finite (True for no such leaf)."""
   flags = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)
@@ -484,7 +491,10 @@ class EvolutionStrategy:
     # dropped (and counted), never applied.
     dropped = ~(_all_finite(updates) & _all_finite(inner_state))
     skip = dropped | (count > 0) if self.nonfinite == "skip" else dropped
-    updates = jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), updates)
+    # Sealed (an addition): optax.apply_updates' ``params + updates`` cannot absorb the
+    # optimizer's last product as a fused multiply-add in one program and not another.
+    updates = jax.tree.map(
+        lambda u: _seal(jnp.where(skip, jnp.zeros_like(u), u)), updates)
     inner_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new), inner_state,
                                state.inner_state)
     zero = jnp.zeros((), jnp.int32)
