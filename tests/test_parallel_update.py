@@ -199,3 +199,77 @@ def test_sharded_update_interpret_kernel_two_devices_bit_for_bit(rng):
   result = _run(UPDATE_SCRIPT, 2, "interpret", int(rng.integers(0, 2**31)))
   cases = {k: v for k, v in result.items() if isinstance(v, dict)}
   assert cases and all(v["bit_exact"] for v in cases.values()), result
+
+
+EVALUATE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from flax import nnx
+    import jaxnoise
+    from jaxnoise import parallel
+    data_seed = int(sys.argv[1])
+    mesh = parallel.population_mesh()
+    rng = np.random.default_rng(data_seed)
+    x = jnp.asarray(rng.normal(size=(4, 6)), jnp.float32)
+    fn = lambda m, x: -jnp.mean(m(x) ** 2)
+    result = {}
+    for rank in (None, 2):
+      # 16 and 8 rows split over the devices, 13 rows are replicated, LayerNorm is split
+      # but not a fused linear (gathered whole at the start).
+      model = nnx.Sequential(nnx.Linear(6, 16, rngs=nnx.Rngs(0)), nnx.LayerNorm(16, rngs=nnx.Rngs(1)),
+                             nnx.relu, nnx.Linear(16, 13, rngs=nnx.Rngs(2)), nnx.relu,
+                             nnx.Linear(13, 8, rngs=nnx.Rngs(3)))
+      es = jaxnoise.optim.evolution_strategy(0.05, optax.adam(1e-2), pop_size=32, rank=rank,
+                                             seed=data_seed)
+      graphdef, params = nnx.split(model, nnx.Param)
+      state = es.init(model)
+      seeds, _ = es.ask(state)
+      shardings = parallel.parameter_shardings(es, model, mesh)
+      split = parallel.shard_tree(params, shardings)
+      split_state = parallel.shard_tree(state, parallel.state_shardings(state, params, shardings, mesh))
+      fsdp = lambda s, p: parallel.sharded_evaluate(es, nnx.merge(graphdef, p), s, fn, x, mesh=mesh)
+      got = jax.jit(fsdp)(seeds, split)
+      replicated = jax.jit(lambda s, p: parallel.sharded_fitness(
+          lambda s, p: es.evaluate(nnx.merge(graphdef, p), s, fn, x), s, p, mesh=mesh))(seeds, params)
+      one = jax.jit(lambda s, p: es.evaluate(nnx.merge(graphdef, p), s, fn, x))(seeds, params)
+      text = str(jax.make_jaxpr(fsdp)(seeds, split))
+
+      def fsdp_step(p, s):
+        seeds, _ = es.ask(s)
+        updates, s = parallel.sharded_update(es, fsdp(seeds, p), s, p, mesh=mesh, keep_sharded=True)
+        return optax.apply_updates(p, updates), s
+
+      def one_step(p, s):
+        seeds, _ = es.ask(s)
+        updates, s = es.update(es.evaluate(nnx.merge(graphdef, p), seeds, fn, x), s, p)
+        return optax.apply_updates(p, updates), s
+
+      a, b = jax.jit(fsdp_step)(split, split_state), jax.jit(one_step)(params, state)
+      result[f"rank={rank}"] = {
+          "equals_sharded_fitness": bool(np.array_equal(np.asarray(got), np.asarray(replicated))),
+          "max_abs_vs_one_device": float(jnp.abs(got - one).max()),
+          "all_gathers": text.count("= all_gather["),
+          "barriers": text.count("optimization_barrier"),
+          "step_bit_exact": all(np.array_equal(np.asarray(u), np.asarray(v))
+                                for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
+          "param_specs": sorted({str(l.sharding.spec) for l in jax.tree.leaves(a[0])})}
+    print("RESULT " + json.dumps(result))
+""")
+
+
+def test_sharded_evaluate_keeps_parameters_sharded(rng):
+  """FSDP evaluation: kernels gathered layer by layer, fitness as with replicated parameters.
+
+  The two split kernels are gathered inside the forward, each behind a barrier on its
+  layer's input; the split vectors (two biases, the LayerNorm's scale and bias) are
+  gathered at the start: seven gathers with the fitness's. One FSDP generation
+  (``sharded_evaluate``, then ``sharded_update(keep_sharded=True)``) gives the
+  one-device parameters bit for bit.
+  """
+  result = _run(EVALUATE_SCRIPT, 2, int(rng.integers(0, 2**31)))
+  for key, value in result.items():
+    assert value["equals_sharded_fitness"], (key, value)
+    assert value["max_abs_vs_one_device"] <= 1e-6, (key, value)
+    assert value["all_gathers"] == 7 and value["barriers"] == 2, (key, value)
+    assert value["step_bit_exact"], (key, value)
+    assert "P(None, 'population')" in value["param_specs"], (key, value)
