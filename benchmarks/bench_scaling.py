@@ -27,8 +27,8 @@ Efficiency = t(1 device) / (n * t(n devices)). Cases (``--cases``):
            device evaluates its members in chunks) and ``sharded_update``;
 ``wide``   a wide MLP with ``--big-one-gb`` of parameters + Adam state on 1 and n
            devices (as in the 2026-11-30 run);
-``deep``   deep MLPs of ``--deep-width``-wide float32 layers (rademacher noise,
-           SGD, population ``--deep-pop``): the largest that fits one device
+``deep``   deep MLPs of ``--deep-width``-wide float32 layers without biases
+           (rademacher noise, SGD, population ``--deep-pop``): the largest that fits one device
            (timed on 1 device and FSDP on n), and one that fits only sharded
            (timed with ``fsdp_eval`` on n devices; on one device it must run out
            of memory, and that is recorded). Layer counts come from XLA's memory
@@ -190,10 +190,10 @@ def run(args):
     return parallel.shard_tree(tree, jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, P()),
                                                   tree))
 
-  def make_mlp(sizes, param_dtype=jnp.float32):
+  def make_mlp(sizes, use_bias=True):
     layers = []
     for index, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-      layers.append(nnx.Linear(n_in, n_out, param_dtype=param_dtype, rngs=nnx.Rngs(index)))
+      layers.append(nnx.Linear(n_in, n_out, use_bias=use_bias, rngs=nnx.Rngs(index)))
       if index < len(sizes) - 2:
         layers.append(nnx.relu)
     return nnx.Sequential(*layers)
@@ -401,7 +401,8 @@ def run(args):
 
   def deep_setup(layers, devices, fsdp):
     """Abstract model, ES, shardings and step of a deep MLP (nothing allocated)."""
-    model = nnx.eval_shape(lambda: make_mlp(deep_sizes(layers)))
+    # No biases: fewer leaves, so fewer kernels to compile for the same size.
+    model = nnx.eval_shape(lambda: make_mlp(deep_sizes(layers), use_bias=False))
     es = jaxnoise.optim.evolution_strategy(
         0.02, optax.sgd(1e-3), pop_size=args.deep_pop, kind="rademacher",
         layout=jaxnoise.nn.parameter_layout(model))
@@ -491,15 +492,15 @@ def run(args):
               "device_limit_gb": device_limit() / 1e9}
 
     if add("deep pick sizes (memory analysis)", pick) and picks:
+      only = f"deep sharded-only layers={picks['sharded']}"
+      add(f"{only} devices={n}", functools.partial(deep_case, picks["sharded"], n, True))
+      add(f"{only} devices=1 (must run out of memory)",
+          functools.partial(deep_case, picks["sharded"], 1, False, expect_oom=True))
       largest = f"deep largest-one-device layers={picks['one']}"
       add(f"{largest} devices=1", functools.partial(deep_case, picks["one"], 1, False),
           group=largest)
       add(f"{largest} devices={n}", functools.partial(deep_case, picks["one"], n, True),
           group=largest)
-      only = f"deep sharded-only layers={picks['sharded']}"
-      add(f"{only} devices={n}", functools.partial(deep_case, picks["sharded"], n, True))
-      add(f"{only} devices=1 (must run out of memory)",
-          functools.partial(deep_case, picks["sharded"], 1, False, expect_oom=True))
 
   # Efficiency against the one-device step of the same group.
   base = {r["group"]: r["step_ms"] for r in results
@@ -510,8 +511,8 @@ def run(args):
   save()
   if lead:
     print(_harness.table(results, ["case", "n_params", "step_ms", "efficiency",
-                                   "update_max_abs_diff", "bit_exact", "oom", "skipped",
-                                   "error"]))
+                                   "update_max_abs_diff", "bit_exact", "param_gb",
+                                   "device0_peak_gb", "oom", "skipped", "error"]))
 
 
 if __name__ == "__main__":
