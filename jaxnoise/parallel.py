@@ -7,13 +7,54 @@ model is replicated; noise is regenerated locally from the seeds), then the
 update that follows sees the same fitness, seeds, parameters and state on
 every device and is the same computation as on one device.
 
-Exactness: the update from a given fitness vector is the same program on
-every device, so it is bit-exact. The fitness itself comes from evaluating
-slices of the population instead of the whole; every individual's value is a
-function of its own seed only, but XLA may compile the smaller batched
-matmul with a different reduction order, so a sharded step equals the
-single-device step to float rounding in the worst case (on CPU the tests
-observe bit-exact results).
+The parameter-sharded update (:func:`sharded_update`) splits every leaf by
+the rows of its noise view: each device regenerates every individual's noise
+for its rows only and runs the optimizer on them, so no device repeats
+another's work; with ``keep_sharded`` parameters and optimizer state stay
+split between generations (FSDP style), and :func:`sharded_evaluate` evaluates
+such a model without gathering it whole.
+
+Exactness
+---------
+For a given fitness vector, :func:`sharded_update` returns the updates and
+state of :meth:`EvolutionStrategy.update` on one device **bit for bit**, on
+any number of devices and any row counts, by construction:
+
+* A device forms its rows of a block with the one-device op and config, and
+  every gradient element is a sum over the population in an order fixed by
+  the block and the config, never by how many rows are formed: the
+  reference adds the terms element by element in population order; the
+  Pallas kernel does the same within each population share and adds the
+  shares by a fixed tree; the low-rank contraction runs over whole row tiles
+  at fixed positions, each summed in the same ``block_k`` steps
+  (:class:`~jaxnoise.ops.virtual_noise.config.LowRankGradientConfig`). No
+  XLA dot or reduce is on that path (their order follows the shape; on a GPU
+  the GEMM algorithm is picked per shape). The scales are folded into the
+  fitness weights, so a gradient ends with an addition.
+* XLA fuses a product into the addition that consumes it (a fused
+  multiply-add, one rounding) when both land in one fusion, which depends on
+  the whole program. On a GPU the optimisation barriers of
+  :meth:`EvolutionStrategy.update` (kept until after fusion) separate
+  shaping, estimate and optimizer; the CPU backend removes barriers before
+  fusing, so the values crossing those points (the shaped fitness, the
+  updates) are sealed (:func:`jaxnoise.ops._common.sealed`: the same bits,
+  ending with an addition).
+* The inner optimizer works element by element on identical inputs (SGD,
+  momentum, Adam, AdamW, ...). A transform that reduces over a whole leaf or
+  tree (global-norm clipping) sums its shards in another order: equal to
+  float rounding. So is ``LowRankGradientConfig(xla_gemm=True)`` (one cuBLAS
+  GEMM per chunk).
+
+The fitness from :func:`sharded_fitness` comes from evaluating slices of the
+population: every individual's value is a function of its own seed, but XLA
+may compile the smaller batched forward with another reduction order, so a
+fitness can differ in the last bit; centered ranks absorb that unless two
+individuals are within a rounding of each other (the two-process test
+compares the parameters of three whole generations bit for bit).
+
+Costs: a device whose first row is not a multiple of ``block_rows`` (64)
+also forms the rest of that low-rank tile (fewer than ``block_rows`` rows
+more), and the low-rank contraction is a Pallas kernel, not cuBLAS.
 
 Antithetic pairs stay on one device as long as each slice holds whole pairs
 (``pop / n_devices`` even), which :func:`sharded_fitness` checks.
@@ -31,6 +72,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -39,6 +81,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
@@ -49,13 +92,13 @@ from jaxnoise.ops import _common
 from jaxnoise.ops import autotune
 from jaxnoise.ops.virtual_noise import api as ops
 from jaxnoise.ops.virtual_noise import config as config_lib
-from jaxnoise.ops.virtual_noise import reference
 
 __all__ = [
     "initialize_distributed",
     "parameter_shardings",
     "population_mesh",
     "shard_tree",
+    "sharded_evaluate",
     "sharded_fitness",
     "sharded_gradient",
     "sharded_update",
@@ -158,12 +201,12 @@ def sharded_fitness(
 # kernel by its ``out`` rows, any other leaf by its leading axis): with ``n``
 # devices, device ``d`` owns rows ``[d k, min((d + 1) k, rows))``, ``k =
 # ceil(rows / n)`` (the layout XLA gives an unevenly sharded axis). Rows
-# ``[r0, r1)`` of a block at ``offset`` are the contiguous index range from
-# ``offset + r0 * row_size``: a smaller block at another offset, so the
-# gradient ops compute a shard directly. Each shard is given the kernel
-# config (or, for the reference, the chunk of individuals) of the whole
-# block, so each element is summed over the population in the same order as
-# on one device: the shard equals the corresponding rows, bit for bit.
+# ``[r0, r1)`` of a full-rank block at ``offset`` are the contiguous index
+# range from ``offset + r0 * row_size``: a smaller block at another offset, so
+# the gradient ops compute a shard directly, given the whole block's kernel
+# config; a low-rank block's rows are asked of the op (``rows=``). Either way
+# the shard is the corresponding rows, bit for bit (module docstring,
+# "Exactness").
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,65 +332,55 @@ def shard_tree(tree: Any, shardings: Any) -> Any:
 
 
 def _full_gradient_config(es, block_shape, offset, n_individuals, pop):
-  """The config (kernel) or chunk (reference) the one-device gradient of this block uses."""
-  n_elements = math.prod(block_shape)
+  """The kernel config the one-device gradient of this block uses (None: the reference).
+
+  A config sets how the kernel splits the population; the reference has one
+  order whatever the shape.
+  """
   implementation = _common.resolve_implementation(es.implementation)
-  kind = noise_lib.get_kind(es.kind)
   if implementation == "reference":
-    return reference.chunk_size_for(n_individuals, n_elements)
+    return None
   if es.config is not None:
     return es.config
+  kind = noise_lib.get_kind(es.kind)
   key = config_lib.noise_gradient_key(implementation, pop, block_shape, kind, es.antithetic,
                                       offset)
   config = autotune.lookup(key[0], key)
   if config is None:
-    config = config_lib.noise_gradient_heuristics(n_elements, n_individuals)
+    config = config_lib.noise_gradient_heuristics(math.prod(block_shape), n_individuals)
   return config
 
 
 def _row_block_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int):
   """Rows ``[row0, row0 + n_rows)`` of the leaf's gradient, in its noise view."""
-  view = plan.block.noise_shape
-  rest = view[1:]
+  if plan.block.rank is not None:
+    return _low_rank_row_gradient(es, plan, shaped, seeds, row0, n_rows, pop)
+  rest = plan.block.noise_shape[1:]
   row_size = math.prod(rest)
   # The 2-D (or 1-D) shape the one-device path hands the op, for the whole block and the shard.
   def op_shape(rows):
     return (rows * math.prod(rest[:-1]), rest[-1]) if rest else (rows,)
   n_individuals = pop // 2 if es.antithetic else pop
-  if plan.block.rank is not None:
-    return _low_rank_row_gradient(es, plan, shaped, seeds, row0, n_rows, pop)
   setting = _full_gradient_config(es, op_shape(plan.rows), plan.block.offset, n_individuals, pop)
-  offset = plan.block.offset + row0 * row_size
-  kind = noise_lib.get_kind(es.kind)
-  if _common.resolve_implementation(es.implementation) == "reference":
-    grad = reference.noise_gradient_reference(
-        shaped, seeds, op_shape(n_rows), jnp.float32(es.sigma), pop, offset, kind=kind,
-        antithetic=es.antithetic, chunk_size=setting)
-  elif rest:
-    grad = ops.virtual_weight_gradient(shaped, seeds, op_shape(n_rows), es.sigma, pop, offset,
-                                       kind=kind, antithetic=es.antithetic,
-                                       implementation=es.implementation, config=setting)
-  else:
-    grad = ops.virtual_bias_gradient(shaped, seeds, op_shape(n_rows), es.sigma, pop, offset,
-                                     kind=kind, antithetic=es.antithetic,
-                                     implementation=es.implementation, config=setting)
+  grad = ops._gradient(  # pylint: disable=protected-access
+      shaped, seeds, op_shape(n_rows), es.sigma, pop, plan.block.offset + row0 * row_size,
+      noise_lib.get_kind(es.kind), es.antithetic, es.implementation, setting)
   return grad.reshape((n_rows,) + rest)
 
 
 def _low_rank_row_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int):
-  """Rows of a low-rank block's gradient: ``sum_i f_i A_i[rows] B_i^T``, ``A``'s rows sliced.
+  """Rows ``[row0, row0 + n_rows)`` of a low-rank block's gradient, by the one-device op.
 
-  The one-device path runs the same GEMM over all rows; XLA may tile the two
-  GEMMs differently, so shards agree with it to float rounding (not bit for bit).
+  The op contracts the factors over whole row tiles at fixed positions
+  (:func:`jaxnoise.ops.virtual_noise.pallas_triton_low_rank.tile_window`; the reference
+  adds outer products element by element in order), so the shard is
+  those rows of the one-device gradient, bit for bit.
   """
-  config = es.config if isinstance(es.config, config_lib.LowRankGradientConfig) else (
-      config_lib.LowRankGradientConfig())
-  exact = _common.resolve_implementation(es.implementation) == "reference" or not config.tf32
-  return reference.low_rank_gradient(
-      shaped, seeds, plan.block.noise_shape, jnp.float32(es.sigma), pop, plan.block.offset,
-      kind=noise_lib.get_kind(es.kind), antithetic=es.antithetic, chunk_size=config.chunk,
-      rank=plan.block.rank, precision=jax.lax.Precision.HIGHEST if exact else None,
-      operand_dtype=jnp.dtype(config.operand_dtype), rows=(row0, n_rows))
+  config = es.config if isinstance(es.config, config_lib.LowRankGradientConfig) else None
+  return ops._gradient(  # pylint: disable=protected-access
+      shaped, seeds, plan.block.noise_shape, es.sigma, pop, plan.block.offset,
+      noise_lib.get_kind(es.kind), es.antithetic, es.implementation, config,
+      rank=plan.block.rank, rows=(row0, n_rows))
 
 
 def sharded_gradient(es, shaped_fitness: jax.Array, seeds: jax.Array, params: Any, *,
@@ -438,10 +471,10 @@ def sharded_update(es, fitness: jax.Array, state: Any, params: Any, *, mesh: Mes
   communication) and the state replicated.
 
   Exactness: for a given fitness vector the updates and state equal
-  :meth:`EvolutionStrategy.update` on one device bit for bit, as long as the
-  inner optimizer works element by element (Adam, SGD, ...). A transform
-  that reduces over a whole leaf or tree (global-norm clipping) sums its
-  shards in another order: equal to float rounding.
+  :meth:`EvolutionStrategy.update` on one device bit for bit, on any number
+  of devices, as long as the inner optimizer works element by element (SGD,
+  Adam, ...); see the module docstring ("Exactness") for why and for the
+  exceptions (global-norm clipping, ``xla_gemm=True``).
 
   Args:
     es: the :class:`~jaxnoise.optim.es.EvolutionStrategy`.
@@ -469,6 +502,125 @@ def sharded_update(es, fitness: jax.Array, state: Any, params: Any, *, mesh: Mes
   new_state = jax.lax.with_sharding_constraint(new_state,
                                                state_shardings(new_state, tree, out, mesh))
   return updates, new_state
+
+
+# ----------------------------------------------------------------------------
+# Evaluation with the parameters kept sharded (FSDP).
+
+
+def _gather_just_in_time(shard, layer_input, *, axis: int, axis_name: str):
+  """The whole kernel from this device's ``shard``, gathered once ``layer_input`` exists.
+
+  The barrier makes the gather depend on the layer's input, so it cannot be
+  scheduled before the previous layer ran: one gathered kernel is live at a
+  time, not all of them.
+  """
+  shard, _ = jax.lax.optimization_barrier((shard, layer_input))
+  return jax.lax.all_gather(shard, axis_name, axis=axis, tiled=True)
+
+
+def sharded_evaluate(es, model: nnx.Module, seeds: jax.Array, fn: Callable[..., Any],
+                     *args: Any, mesh: Mesh, axis_name: str = DEFAULT_AXIS_NAME) -> jax.Array:
+  """:meth:`EvolutionStrategy.evaluate` with the population and the parameters sharded.
+
+  The FSDP counterpart of :func:`sharded_fitness`: ``model``'s parameters
+  stay split like :func:`parameter_shardings` (``sharded_update(...,
+  keep_sharded=True)`` keeps them so). Each device evaluates its slice of the
+  population; every fused linear layer (``nnx.Linear`` / ``VirtualLinear``)
+  all-gathers its kernel just before it runs (the gather waits for the
+  layer's input), so a device holds its shards plus about one layer's whole
+  kernel at a time, and a model that fits only when sharded can be
+  evaluated. Other split leaves (biases, norms, embeddings, unfused layers)
+  are gathered whole at the start; replicated leaves are read as they are.
+  The ``(pop / n,)`` fitness slices are all-gathered, as in
+  :func:`sharded_fitness`.
+
+  The gathered kernel is the one :func:`sharded_fitness` would see, so the
+  fitness equals :func:`sharded_fitness` with the parameters replicated.
+  Like ``population_apply``'s fused layers, ``fn`` must not read a linear
+  layer's kernel directly (here it would see zeros).
+
+  Args:
+    es: the :class:`~jaxnoise.optim.es.EvolutionStrategy` (sigma, kind,
+      antithetic, rank, implementation, config, wrt).
+    model: the ``nnx`` model; its ``es.wrt`` state split like
+      :func:`parameter_shardings` (or replicated), the rest replicated.
+    seeds: ``(pop,)`` seeds (``es.ask``); ``pop`` divisible by ``n`` (by ``2 n``
+      with antithetic pairs).
+    fn: ``fn(member, *args) -> (pop,)``-able scalar fitness of one member.
+    *args: replicated arguments of ``fn`` (data).
+    mesh: the device mesh.
+    axis_name: the mesh axis that holds the population and the shards.
+
+  Returns:
+    ``(pop,)`` fitness, replicated.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, jaxnoise
+    >>> from flax import nnx
+    >>> model = nnx.Sequential(nnx.Linear(3, 8, rngs=nnx.Rngs(0)), nnx.relu,
+    ...                        nnx.Linear(8, 2, rngs=nnx.Rngs(1)))
+    >>> es = jaxnoise.optim.evolution_strategy(0.05, optax.adam(1e-3), pop_size=8)
+    >>> mesh = population_mesh()
+    >>> params = nnx.state(model, nnx.Param)
+    >>> nnx.update(model, shard_tree(params, parameter_shardings(es, model, mesh)))
+    >>> seeds, _ = es.ask(es.init(model))
+    >>> fitness = sharded_evaluate(es, model, seeds, lambda m, x: -jnp.sum(m(x) ** 2),
+    ...                            jnp.ones((4, 3)), mesh=mesh)
+    >>> fitness.shape
+    (8,)
+  """
+  n_shards = _check_mesh(mesh, axis_name)
+  if not isinstance(model, nnx.Module):
+    raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
+  if not callable(fn):
+    raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+  seeds = noise_lib.as_seeds(seeds)
+  pop = seeds.shape[0]
+  per_shard = pop // n_shards
+  if pop % n_shards:
+    raise ValueError(f"the population ({pop} seeds) must divide evenly over the "
+                     f"{n_shards} devices of mesh axis {axis_name!r}")
+  if es.antithetic and per_shard % 2:
+    raise ValueError(f"antithetic pairs would be split: {pop} seeds over {n_shards} devices "
+                     f"gives {per_shard} per device; it must be even")
+  layout = es._layout(model)  # pylint: disable=protected-access
+  graphdef, params, rest = nnx.split(model, es.wrt, ...)
+  leaves, treedef = population_lib._matched_leaves(layout, params, "params")  # pylint: disable=protected-access
+  plans = _leaf_plans(layout, n_shards)
+  specs = [_spec(plan, np.ndim(leaf), axis_name, n_shards) for plan, leaf in zip(plans, leaves)]
+  fused_kernels = {l.module_path + ("kernel",) for l in layout.linears if l.fusable}
+  kind = noise_lib.get_kind(es.kind)
+  implementation = _common.resolve_implementation(es.implementation)
+  sigma = _common.check_sigma(es.sigma)
+
+  def local(local_seeds, local_leaves, rest, *args):
+    full, gather_kernels = [], {}
+    for plan, spec, leaf in zip(plans, specs, local_leaves):
+      if spec == PartitionSpec():
+        full.append(leaf)
+      elif plan.block.path in fused_kernels:
+        full.append(jnp.zeros(plan.block.shape, leaf.dtype))  # never read: see gather_kernels
+        gather_kernels[plan.block.path[:-1]] = functools.partial(
+            _gather_just_in_time, leaf, axis=plan.axis, axis_name=axis_name)
+      else:
+        full.append(jax.lax.all_gather(leaf, axis_name, axis=plan.axis, tiled=True))
+    fitness = population_lib.apply_split(
+        graphdef, jax.tree_util.tree_unflatten(treedef, full), rest, layout, local_seeds, sigma,
+        fn, args, kind=kind, antithetic=es.antithetic, implementation=implementation,
+        config=es.config, fuse_linear=True, gather_kernels=gather_kernels)
+    if getattr(fitness, "shape", None) != (per_shard,):
+      raise ValueError(f"fn must return a scalar fitness per member, got "
+                       f"{_common.describe(fitness)} for {per_shard} members")
+    return jax.lax.all_gather(fitness, axis_name, tiled=True)
+
+  shard_map, check_name = _shard_map()
+  sharded = shard_map(
+      local, mesh=mesh,
+      in_specs=(PartitionSpec(axis_name), specs, PartitionSpec())
+      + (PartitionSpec(),) * len(args),
+      out_specs=PartitionSpec(), **{check_name: False})
+  return sharded(seeds, list(leaves), rest, *args)
 
 
 # ----------------------------------------------------------------------------

@@ -56,12 +56,35 @@ def test_lm_benchmark_quick(tmp_path):
 
 
 def test_scaling_benchmark_quick(tmp_path):
-  _run(tmp_path, "bench_scaling.py", "--quick", "--modes", "replicated,sharded")
+  _run(tmp_path, "bench_scaling.py", "--quick", "--cases", "exact,mlp,lm",
+       "--modes", "replicated,fsdp_eval")
   with open(tmp_path / "scaling.json") as f:
     results = json.load(f)["results"]
   assert not [r for r in results if "error" in r or "skipped" in r], results
   assert any(r.get("efficiency", 0) > 0 for r in results)
-  assert [r["bit_exact"] for r in results if "bit_exact" in r] == [True]
+  assert [r["bit_exact"] for r in results if "bit_exact" in r] == [True, True]
+  cases = " ".join(r["case"] for r in results)
+  assert "fsdp_eval devices=2" in cases and "lm rank=1 pop=8 devices=2" in cases, cases
+
+
+def test_scaling_benchmark_deep_models_quick(tmp_path):
+  """Sizes from XLA's memory analysis (of a pretend 256 KiB device), FSDP runs."""
+  _run(tmp_path, "bench_scaling.py", "--quick", "--cases", "deep")
+  with open(tmp_path / "scaling.json") as f:
+    results = json.load(f)["results"]
+  assert not [r for r in results if "error" in r or "skipped" in r], results
+  pick = results[0]
+  assert 1 <= pick["layers_one_device"] <= pick["layers_sharded"], pick
+  assert [r["devices"] for r in results[1:]] == [2, 1, 1, 2], results
+  assert all(r.get("step_ms", 0) > 0 for r in results[1:]), results  # no OOM on the CPU
+
+
+def test_low_rank_gradient_benchmark_quick(tmp_path):
+  _run(tmp_path, "bench_low_rank_gradient.py", "--quick")
+  with open(tmp_path / "low_rank_gradient.json") as f:
+    results = json.load(f)["results"]
+  assert len(results) == 2 and all(r["rows_bit_exact"] for r in results), results
+  assert all(r["max_rel_diff_tiles_vs_xla_gemm"] < 1e-5 for r in results), results
 
 
 def test_es_quality_benchmark_quick(tmp_path):

@@ -8,13 +8,14 @@ Multi-device checks run in subprocesses with
   carry varying types) and ``sharded_fitness``: forward values equal the
   unsharded op, and ``virtual_perturbed_linear``'s gradient works.
 * ``sharded_update`` against ``es.update`` on one device, from one fitness
-  vector, on 2 and 8 devices with row counts that do not divide.
-  Exactness: each shard is formed with the whole block's config and
-  population order, so every element is the same sum; on CPU, XLA compiles
-  a shard inside the per-device ``lax.switch`` branch with another float
-  schedule (measured: the same op inside ``lax.cond`` differs in the last
-  bit), so the test allows float32 rounding (1e-6 of each leaf's largest
-  value); many cases come out bit-exact.
+  vector, on 1, 2 and 8 devices (a 1-device mesh and the whole one), full
+  rank and low rank, SGD (with momentum) and Adam, every fitness shaping,
+  antithetic and not, row counts that do not divide, updates gathered or
+  kept sharded: **bit for bit** (``np.array_equal``), for the reference and
+  for the Pallas kernels through the interpreter. That holds by
+  construction: every gradient element is summed over the population in an
+  order fixed by the block and the kernel config, never by how many rows a
+  device forms (see :mod:`jaxnoise.parallel`, "Exactness").
 """
 
 import json
@@ -140,62 +141,53 @@ UPDATE_SCRIPT = textwrap.dedent("""
     from jaxnoise import parallel
     impl, data_seed = sys.argv[1], int(sys.argv[2])
     n = jax.device_count()
+    # 13 rows: uneven over 2 and 8 devices; 16 rows: even.
     model = nnx.Sequential(nnx.Linear(5, 13, rngs=nnx.Rngs(0)), nnx.LayerNorm(13, rngs=nnx.Rngs(1)),
                            nnx.relu, nnx.Linear(13, 16, rngs=nnx.Rngs(2)))
     params = nnx.state(model, nnx.Param)
-    mesh = parallel.population_mesh()
+    meshes = {1: parallel.population_mesh(jax.devices()[:1]), n: parallel.population_mesh()}
     rng = np.random.default_rng(data_seed)
-    fitness = jnp.asarray(rng.normal(size=64), jnp.float32)
     result = {"devices": n}
-    for shaping, optimizer, rank in [("centered_rank", optax.adam(0.01), None),
-                                     ("z_score", optax.sgd(0.1), None),
-                                     ("centered_rank", optax.adam(0.01), 2)]:
-      es = jaxnoise.optim.evolution_strategy(0.05, optimizer, pop_size=64, implementation=impl,
-                                             fitness_shaping=shaping, weight_decay=0.01,
-                                             layout=jaxnoise.nn.parameter_layout(model, rank=rank),
-                                             seed=data_seed, rank=rank)
+    cases = [("centered_rank", "adam", None, 64, True), ("z_score", "sgd", None, 63, False),
+             ("z_score", "adam", 2, 64, True), ("raw", "sgd", 1, 64, True)]
+    for shaping, name, rank, pop, antithetic in cases:
+      optimizer = optax.adam(0.01) if name == "adam" else optax.sgd(0.1, momentum=0.9)
+      fitness = jnp.asarray(rng.normal(size=pop) * 10.0 ** rng.uniform(-2, 2), jnp.float32)
+      es = jaxnoise.optim.evolution_strategy(0.05, optimizer, pop_size=pop, antithetic=antithetic,
+                                             implementation=impl, fitness_shaping=shaping,
+                                             weight_decay=0.01, seed=data_seed, rank=rank,
+                                             layout=jaxnoise.nn.parameter_layout(model, rank=rank))
       state = es.init(model)
       one = jax.jit(es.update)(fitness, state, params)
-      for keep in (False, True):
-        shardings = parallel.parameter_shardings(es, params, mesh)
-        p, s = params, state
-        if keep:
-          p = parallel.shard_tree(params, shardings)
-          s = parallel.shard_tree(state, parallel.state_shardings(state, params, shardings, mesh))
-        step = jax.jit(lambda f, s, p: parallel.sharded_update(es, f, s, p, mesh=mesh,
-                                                               keep_sharded=keep))
-        got = step(fitness, s, p)
-        # Largest difference relative to the leaf's largest value.
-        diffs = [float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)),
-                              initial=0.0) / max(float(np.abs(np.asarray(a)).max(initial=0.0)), 1e-30))
-                 for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(got))]
-        exact = all(np.array_equal(np.asarray(a), np.asarray(b))
-                    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(got)))
-        specs = sorted({str(l.sharding.spec) for l in jax.tree.leaves(got[0])})
-        result[f"{shaping} rank={rank} keep_sharded={keep}"] = {"max_rel": max(diffs), "bit_exact": exact,
-                                                    "update_specs": specs}
-    # The gradient alone, outside any jit: each row shard against the whole block.
-    es = jaxnoise.optim.evolution_strategy(0.05, optax.sgd(0.1), pop_size=64, implementation=impl,
-                                           layout=jaxnoise.nn.parameter_layout(model))
-    seeds = es.seeds(es.init(model))
-    shaped, _ = es.shape(fitness)
-    full = es.gradient(shaped, seeds, params)
-    split = parallel.sharded_gradient(es, shaped, seeds, params, mesh=mesh)
-    result["gradient_max_abs"] = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-                                     for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(split)))
+      for devices, mesh in sorted(meshes.items()):
+        for keep in ((False,) if devices == 1 else (False, True)):
+          shardings = parallel.parameter_shardings(es, params, mesh)
+          p, s = params, state
+          if keep:
+            p = parallel.shard_tree(params, shardings)
+            s = parallel.shard_tree(state, parallel.state_shardings(state, params, shardings, mesh))
+          step = jax.jit(lambda f, s, p: parallel.sharded_update(es, f, s, p, mesh=mesh,
+                                                                 keep_sharded=keep))
+          got = step(fitness, s, p)
+          pairs = list(zip(jax.tree.leaves(one), jax.tree.leaves(got)))
+          specs = sorted({str(l.sharding.spec) for l in jax.tree.leaves(got[0])})
+          result[f"{shaping} {name} rank={rank} devices={devices} keep_sharded={keep}"] = {
+              "bit_exact": all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs),
+              "max_abs": max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)),
+                                          initial=0.0)) for a, b in pairs),
+              "update_specs": specs}
     print("RESULT " + json.dumps(result))
 """)
 
 
 @pytest.mark.parametrize("devices", [2, 8])  # 8: uneven splits (13 rows)
-def test_sharded_update_equals_one_device(devices, rng):
+def test_sharded_update_equals_one_device_bit_for_bit(devices, rng):
   result = _run(UPDATE_SCRIPT, devices, "reference", int(rng.integers(0, 2**31)))
   assert result["devices"] == devices
-  assert result["gradient_max_abs"] <= 1e-6, result
-  for key, value in result.items():
-    if not isinstance(value, dict):
-      continue
-    assert value["max_rel"] <= 1e-6, (key, result)  # float32 rounding
+  cases = {k: v for k, v in result.items() if isinstance(v, dict)}
+  assert len(cases) == 4 * 3, result
+  for key, value in cases.items():
+    assert value["bit_exact"], (key, value)
     if "keep_sharded=True" in key:
       # 16 output rows divide over 2 and 8 devices: that kernel stays split.
       assert "P(None, 'population')" in value["update_specs"], (key, value)
@@ -203,7 +195,81 @@ def test_sharded_update_equals_one_device(devices, rng):
       assert value["update_specs"] == ["P()"], (key, value)
 
 
-def test_sharded_update_interpret_kernel_two_devices(rng):
+def test_sharded_update_interpret_kernel_two_devices_bit_for_bit(rng):
   result = _run(UPDATE_SCRIPT, 2, "interpret", int(rng.integers(0, 2**31)))
-  assert result["gradient_max_abs"] <= 1e-6, result
-  assert all(v["max_rel"] <= 1e-6 for v in result.values() if isinstance(v, dict)), result
+  cases = {k: v for k, v in result.items() if isinstance(v, dict)}
+  assert cases and all(v["bit_exact"] for v in cases.values()), result
+
+
+EVALUATE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from flax import nnx
+    import jaxnoise
+    from jaxnoise import parallel
+    data_seed = int(sys.argv[1])
+    mesh = parallel.population_mesh()
+    rng = np.random.default_rng(data_seed)
+    x = jnp.asarray(rng.normal(size=(4, 6)), jnp.float32)
+    fn = lambda m, x: -jnp.mean(m(x) ** 2)
+    result = {}
+    for rank in (None, 2):
+      # 16 and 8 rows split over the devices, 13 rows are replicated, LayerNorm is split
+      # but not a fused linear (gathered whole at the start).
+      model = nnx.Sequential(nnx.Linear(6, 16, rngs=nnx.Rngs(0)), nnx.LayerNorm(16, rngs=nnx.Rngs(1)),
+                             nnx.relu, nnx.Linear(16, 13, rngs=nnx.Rngs(2)), nnx.relu,
+                             nnx.Linear(13, 8, rngs=nnx.Rngs(3)))
+      es = jaxnoise.optim.evolution_strategy(0.05, optax.adam(1e-2), pop_size=32, rank=rank,
+                                             seed=data_seed)
+      graphdef, params = nnx.split(model, nnx.Param)
+      state = es.init(model)
+      seeds, _ = es.ask(state)
+      shardings = parallel.parameter_shardings(es, model, mesh)
+      split = parallel.shard_tree(params, shardings)
+      split_state = parallel.shard_tree(state, parallel.state_shardings(state, params, shardings, mesh))
+      fsdp = lambda s, p: parallel.sharded_evaluate(es, nnx.merge(graphdef, p), s, fn, x, mesh=mesh)
+      got = jax.jit(fsdp)(seeds, split)
+      replicated = jax.jit(lambda s, p: parallel.sharded_fitness(
+          lambda s, p: es.evaluate(nnx.merge(graphdef, p), s, fn, x), s, p, mesh=mesh))(seeds, params)
+      one = jax.jit(lambda s, p: es.evaluate(nnx.merge(graphdef, p), s, fn, x))(seeds, params)
+      text = str(jax.make_jaxpr(fsdp)(seeds, split))
+
+      def fsdp_step(p, s):
+        seeds, _ = es.ask(s)
+        updates, s = parallel.sharded_update(es, fsdp(seeds, p), s, p, mesh=mesh, keep_sharded=True)
+        return optax.apply_updates(p, updates), s
+
+      def one_step(p, s):
+        seeds, _ = es.ask(s)
+        updates, s = es.update(es.evaluate(nnx.merge(graphdef, p), seeds, fn, x), s, p)
+        return optax.apply_updates(p, updates), s
+
+      a, b = jax.jit(fsdp_step)(split, split_state), jax.jit(one_step)(params, state)
+      result[f"rank={rank}"] = {
+          "equals_sharded_fitness": bool(np.array_equal(np.asarray(got), np.asarray(replicated))),
+          "max_abs_vs_one_device": float(jnp.abs(got - one).max()),
+          "all_gathers": text.count("= all_gather["),
+          "barriers": text.count("optimization_barrier"),
+          "step_bit_exact": all(np.array_equal(np.asarray(u), np.asarray(v))
+                                for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
+          "param_specs": sorted({str(l.sharding.spec) for l in jax.tree.leaves(a[0])})}
+    print("RESULT " + json.dumps(result))
+""")
+
+
+def test_sharded_evaluate_keeps_parameters_sharded(rng):
+  """FSDP evaluation: kernels gathered layer by layer, fitness as with replicated parameters.
+
+  The two split kernels are gathered inside the forward, each behind a barrier on its
+  layer's input; the split vectors (two biases, the LayerNorm's scale and bias) are
+  gathered at the start: seven gathers with the fitness's. One FSDP generation
+  (``sharded_evaluate``, then ``sharded_update(keep_sharded=True)``) gives the
+  one-device parameters bit for bit.
+  """
+  result = _run(EVALUATE_SCRIPT, 2, int(rng.integers(0, 2**31)))
+  for key, value in result.items():
+    assert value["equals_sharded_fitness"], (key, value)
+    assert value["max_abs_vs_one_device"] <= 1e-6, (key, value)
+    assert value["all_gathers"] == 7 and value["barriers"] == 2, (key, value)
+    assert value["step_bit_exact"], (key, value)
+    assert "P(None, 'population')" in value["param_specs"], (key, value)

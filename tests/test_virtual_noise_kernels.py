@@ -367,6 +367,15 @@ def test_kernels_lower_to_triton():
                                         out_dtype=jnp.bfloat16, rank=3),
                       dict(x=x, weight=spec((37, 70), jnp.bfloat16),
                            bias=spec((37,), jnp.float32), seeds=seeds, sigma=sigma)))
+      for gradient_config in (config_lib.LowRankGradientConfig(),
+                              config_lib.LowRankGradientConfig(operand_dtype="bfloat16",
+                                                               tf32=False, block_rows=16)):
+        cases.append((f"low-rank gradient tiles {kind_name} {offset} {gradient_config}",
+                      functools.partial(pallas_triton_low_rank.low_rank_gradient,
+                                        shape=(37, 129), pop_size=64, offset=offset, kind=kind,
+                                        antithetic=True, rank=2, config=gradient_config,
+                                        rows=(5, 20)),
+                      dict(fitness=spec((64,), jnp.float32), seeds=seeds, sigma=sigma)))
       cases.append((f"low-rank input grad {kind_name} {offset}", functools.partial(
           pallas_triton_low_rank.low_rank_input_grad, offset=offset, kind=kind,
           antithetic=False, shared_x=False, rank=2),

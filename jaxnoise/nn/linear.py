@@ -57,6 +57,10 @@ class FusedLinearNoise:
   config: Any
   perturb_bias: bool
   rank: int | None = None
+  # Given the layer's input, the layer's whole kernel (``(in, out)``), formed
+  # just before the call (:func:`jaxnoise.parallel.sharded_evaluate` gathers
+  # a kernel kept in shards here); None: the layer's own kernel.
+  gather_kernel: Any = None
 
 
 _ACTIVE = threading.local()
@@ -126,7 +130,12 @@ class VirtualLinear(nnx.Linear):
     return self._fused_call(inputs, noise)
 
   def _fused_call(self, inputs, noise: FusedLinearNoise) -> jax.Array:
-    inputs, kernel, bias = _promoted(self, inputs)
+    if noise.gather_kernel is None:
+      inputs, kernel, bias = _promoted(self, inputs)
+    else:
+      bias = self.bias[...] if self.bias is not None else None
+      inputs, kernel, bias = self.promote_dtype((inputs, noise.gather_kernel(inputs), bias),
+                                                dtype=self.dtype)
     fused_bias = bias if noise.perturb_bias else None
     common = dict(kind=noise.kind, implementation=noise.implementation, config=noise.config,
                   out_dtype=inputs.dtype, rank=noise.rank)

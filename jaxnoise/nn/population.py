@@ -519,7 +519,28 @@ def population_apply(
   implementation = _common.resolve_implementation(implementation)
   layout = parameter_layout(model, wrt=wrt, rank=rank)
   graphdef, params, rest = nnx.split(model, wrt, ...)
+  return apply_split(graphdef, params, rest, layout, seeds, sigma, fn, args, kind=kind,
+                     antithetic=antithetic, implementation=implementation, config=config,
+                     fuse_linear=fuse_linear)
+
+
+def apply_split(graphdef, params, rest, layout: ParameterLayout, seeds, sigma, fn, args, *,
+                kind: noise_lib.NoiseKind, antithetic: bool, implementation: str, config: Any,
+                fuse_linear: bool, gather_kernels: dict[Path, Callable] | None = None) -> Any:
+  """:func:`population_apply` on a split model (arguments validated), for the library.
+
+  ``gather_kernels`` maps a fused linear layer's module path to
+  ``gather(layer_input) -> kernel``: the layer's call forms its kernel with it
+  (its kernel in ``params`` is never read), which
+  :func:`jaxnoise.parallel.sharded_evaluate` uses to gather a kernel kept in
+  shards just before the layer runs.
+  """
+  pop = seeds.shape[0]
+  gather_kernels = gather_kernels or {}
   fused = {l.module_path: l for l in layout.linears if l.fusable} if fuse_linear else {}
+  missing = set(gather_kernels) - set(fused)
+  if missing:
+    raise ValueError(f"gather_kernels names layers that are not fused: {sorted(missing)}")
   token = next(_FUSED_TOKENS)
 
   def one_individual(seed, sign):
@@ -539,7 +560,8 @@ def population_apply(
       registry[key] = linear_lib.FusedLinearNoise(
           seed=seed, sign=sign, sigma=sigma, offset=linear.offset, kind=kind,
           antithetic=antithetic, implementation=implementation, config=config,
-          perturb_bias=linear.perturb_bias, rank=layout.rank)
+          perturb_bias=linear.perturb_bias, rank=layout.rank,
+          gather_kernel=gather_kernels.get(tuple(module_path)))
     with linear_lib.fused_noise_scope(registry):
       return fn(member, *args)
 

@@ -261,3 +261,58 @@ def _pcast_varying(value, axes: tuple[str, ...]):
   if pcast is not None:
     return pcast(value, axes, to="varying")
   return jax.lax.pvary(value, axes)  # jax < 0.8
+
+
+# ----------------------------------------------------------------------------
+# Sums whose order is part of the program, not the compiler's choice.
+
+
+def pairwise_sum(terms: jax.Array) -> jax.Array:
+  """``terms.sum(0)`` by a fixed pairwise tree of elementwise additions.
+
+  Level by level, term ``j`` of the first half is added to term ``j`` of the
+  second half (an odd count carries its last term up unchanged). Every output
+  element is therefore the same sequence of float32 additions whatever the
+  other axes' sizes, the backend or the surrounding program, which XLA's
+  ``reduce`` does not promise (its order follows the reduced array's shape).
+  :mod:`jaxnoise.parallel` relies on it: a device that forms some rows of a
+  gradient gets the bits one device gets for those rows.
+
+  Args:
+    terms: ``(n, ...)`` array, ``n >= 1``.
+
+  Returns:
+    ``terms.shape[1:]``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> pairwise_sum(jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])).tolist()
+    [9.0, 12.0]
+  """
+  if terms.shape[0] == 0:
+    raise ValueError(f"terms must hold at least one term, got {describe(terms)}")
+  while terms.shape[0] > 1:
+    half = terms.shape[0] // 2
+    paired = terms[:half] + terms[half:2 * half]
+    terms = paired if terms.shape[0] % 2 == 0 else jnp.concatenate([paired, terms[2 * half:]])
+  return terms[0]
+
+
+def sealed(x: jax.Array) -> jax.Array:
+  """``x + x * 0``: the bits of a finite ``x``, as an addition.
+
+  XLA's CPU backend fuses a product into the addition that consumes it (one
+  fused multiply-add, one rounding) in some programs and not in others: it
+  removes optimisation barriers before fusing, and whether the two end up in
+  one loop depends on the shapes and on everything else the fusion holds.
+  A value that ends with this addition cannot be fused that way into its
+  consumers (and ``x * 0`` is zero exactly, so whichever product LLVM fuses
+  here, the sum is ``x``). Cheap; for small vectors (fitness, scalars) at the
+  points where one program's value feeds another part of it.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> sealed(jnp.array([1.5, -0.0])).tolist()
+    [1.5, -0.0]
+  """
+  return x + x * jnp.zeros((), x.dtype)

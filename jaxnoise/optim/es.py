@@ -175,7 +175,8 @@ def centered_rank(fitness: jax.Array) -> jax.Array:
   below = jnp.searchsorted(ordered, fitness, side="left")
   up_to = jnp.searchsorted(ordered, fitness, side="right")
   average_rank = (below + up_to - 1).astype(jnp.float32) / 2.0
-  return average_rank / jnp.float32(pop - 1) - 0.5
+  # Sealed: the product is never fused into the subtraction in one program and not another.
+  return _common.sealed(average_rank / jnp.float32(pop - 1)) - 0.5
 
 
 def z_score(fitness: jax.Array) -> jax.Array:
@@ -193,7 +194,7 @@ def z_score(fitness: jax.Array) -> jax.Array:
   largest = jnp.max(jnp.abs(fitness))
   _, exponent = jnp.frexp(largest)
   fitness = jnp.where(largest > _Z_SCORE_PRESCALE, jnp.ldexp(fitness, -exponent), fitness)
-  centred = fitness - jnp.mean(fitness)
+  centred = fitness - _common.sealed(jnp.mean(fitness))  # see centered_rank
   std = jnp.sqrt(jnp.mean(centred * centred))
   return jnp.where(std > 0, centred / jnp.where(std > 0, std, 1.0), 0.0)
 
@@ -237,6 +238,13 @@ def bound_raw_fitness(fitness: jax.Array, sigma: float | jax.Array) -> tuple[jax
   _, exponent = jnp.frexp(largest)
   return (jnp.where(over, jnp.ldexp(fitness, -exponent) * limit, fitness),
           over.astype(jnp.int32))
+
+
+def _seal(value: jax.Array) -> jax.Array:
+  """:func:`jaxnoise.ops._common.sealed` for floating leaves; others unchanged."""
+  if jnp.issubdtype(value.dtype, jnp.floating):
+    return _common.sealed(value)
+  return value
 
 
 def _all_finite(tree: Any) -> jax.Array:
@@ -450,7 +458,9 @@ class EvolutionStrategy:
     rescaled = jnp.zeros((), jnp.int32)
     if self.fitness_shaping == "raw":
       shaped, rescaled = bound_raw_fitness(shaped, self.sigma)
-    return shaped, count, rescaled
+    # Sealed (an addition), so the gradient's first subtraction sees the same bits in
+    # any program (jaxnoise.parallel.sharded_update and update agree bit for bit).
+    return _common.sealed(shaped), count, rescaled
 
   def apply_gradient(self, ascent: Any, nonfinite_count: jax.Array, state: EvolutionStrategyState,
                      params: Any, rescaled_count: jax.Array | None = None
@@ -481,7 +491,10 @@ class EvolutionStrategy:
     # dropped (and counted), never applied.
     dropped = ~(_all_finite(updates) & _all_finite(inner_state))
     skip = dropped | (count > 0) if self.nonfinite == "skip" else dropped
-    updates = jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), updates)
+    # Sealed (an addition): optax.apply_updates' ``params + updates`` cannot absorb the
+    # optimizer's last product as a fused multiply-add in one program and not another.
+    updates = jax.tree.map(
+        lambda u: _seal(jnp.where(skip, jnp.zeros_like(u), u)), updates)
     inner_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new), inner_state,
                                state.inner_state)
     zero = jnp.zeros((), jnp.int32)

@@ -448,7 +448,8 @@ def virtual_bias_gradient(
 
 
 def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, implementation,
-              config, rank=None):
+              config, rank=None, rows=None):
+  """The gradient ops' dispatch; ``rows=(row0, n)`` (low rank): only those rows."""
   sigma = _common.check_sigma(sigma)
   pop_size = fitness.shape[0] if pop_size is None else _common.check_positive_int(
       pop_size, "pop_size")
@@ -458,13 +459,18 @@ def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, 
   noise_lib.check_block_end(offset, math.prod(shape), "the gradient's shape")
   if math.prod(shape) == 0:
     return jnp.zeros(shape, jnp.float32)
+  if rows is not None and rank is None:
+    raise ValueError("rows is for low-rank blocks; give a full-rank shard its own shape and offset")
+  if rank is not None and implementation == "reference":
+    return reference.low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, kind=kind,
+                                       antithetic=antithetic, rank=rank, rows=rows)
   if implementation == "reference":
     return reference.noise_gradient_reference(fitness, seeds, shape, sigma, pop_size, offset,
-                                              kind=kind, antithetic=antithetic, rank=rank)
+                                              kind=kind, antithetic=antithetic)
   if rank is not None:
     return _low_rank_kernels().low_rank_gradient(
         fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
-        rank=rank, config=config, interpret=implementation == "interpret")
+        rank=rank, config=config, interpret=implementation == "interpret", rows=rows)
   if config is None:
     key = config_lib.noise_gradient_key(implementation, seeds.shape[0], shape, kind, antithetic,
                                         offset)

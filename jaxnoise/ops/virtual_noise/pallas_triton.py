@@ -37,8 +37,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jaxnoise import noise as noise_lib
+from jaxnoise.ops import _common
 from jaxnoise.ops import _pallas
 from jaxnoise.ops.virtual_noise import config as config_lib
+from jaxnoise.ops.virtual_noise import reference
 
 _U32 = jnp.uint32
 _F32 = jnp.float32
@@ -578,10 +580,16 @@ def _noise_gradient_kernel(fitness_ref, seeds_or_mul_ref, increment_ref, out_ref
 
 def noise_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic,
                    config=None, interpret=False):
-  """Kernel path of the weight / bias gradient estimates (inputs validated)."""
-  fitness = fitness.astype(_F32)
-  if antithetic:
-    fitness, seeds = fitness[0::2] - fitness[1::2], seeds[0::2]
+  """Kernel path of the weight / bias gradient estimates (inputs validated).
+
+  Each element's sum over one population share is the kernel's loop (one
+  multiply-add per individual, in order); the shares are added by a fixed
+  tree. The weights carry every scale, so nothing is multiplied afterwards:
+  an element's bits do not depend on the block's size (a row shard,
+  :mod:`jaxnoise.parallel`, equals those rows of the whole block).
+  """
+  fitness, seeds = reference.scaled_weights(fitness, seeds, antithetic, sigma, pop_size,
+                                            kind.scale, apart=interpret)
   n_individuals = seeds.shape[0]
   n_elements = 1
   for dim in shape:
@@ -612,9 +620,10 @@ def noise_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, anti
       compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
       name="virtual_noise_gradient",
   )(fitness, *keys)
-  total = partial.sum(0).reshape(-1)[lead:lead + n_elements]
-  scale = _F32(kind.scale) / (_F32(pop_size) * jnp.asarray(sigma, _F32))
-  return (total * scale).reshape(shape)
+  # The population shares are added by a fixed tree (not XLA's reduce, whose order
+  # follows the shape): an element's sum does not depend on the block's size.
+  total = _common.pairwise_sum(partial).reshape(-1)[lead:lead + n_elements]
+  return total.reshape(shape)
 
 
 def _reduce_metric_kernel(center_ref, seeds_ref, sigma_ref, *out_refs, layout: NoiseLayout,

@@ -14,8 +14,9 @@ over the other side, one broadcast multiply-add per component and element
     forward          v = x,        reduced b_c (in),  emitted a_c (out)
     input gradient   v = grad_out, reduced a_c (out), emitted b_c (in)
 
-The weight-gradient estimate is a GEMM over ``pop * r`` that XLA runs on
-materialised factors (:func:`low_rank_gradient` says why).
+The weight-gradient estimate is a GEMM over ``pop * r`` on factors that XLA
+materialises (:func:`low_rank_gradient` says why), by a tile kernel whose
+summation order does not depend on the number of rows (:func:`tile_products`).
 """
 
 from __future__ import annotations
@@ -256,26 +257,133 @@ def low_rank_input_grad(grad_out, weight, seeds, sigma, offset, *, kind, antithe
   return base + term
 
 
+# a (k, rows) . b (k, cols) contracted over k -> (rows, cols).
+_DIMS_TN = (((0,), (0,)), ((), ()))
+
+
+def _tile_products_kernel(a_ref, b_ref, out_ref, *, n_k: int, n_rows: int, n_cols: int,
+                          config: config_lib.LowRankGradientConfig, precision):
+  """One ``(block_rows, block_cols)`` tile of ``a^T b``, summed over ``k`` in ``block_k`` steps.
+
+  The steps are the same for every tile (masked loads add exact zeros past the
+  ends), so an element's value does not depend on where its tile lies.
+  """
+  block_rows, block_cols, block_k = config.block_rows, config.block_cols, config.block_k
+  row0 = pl.program_id(0) * block_rows
+  col0 = pl.program_id(1) * block_cols
+  rows_ok = (row0 + jax.lax.iota(jnp.int32, block_rows)) < n_rows
+  cols_ok = (col0 + jax.lax.iota(jnp.int32, block_cols)) < n_cols
+
+  def step(index, acc):
+    k0 = index * block_k
+    k_ok = (k0 + jax.lax.iota(jnp.int32, block_k)) < n_k
+    a = _pallas.load(a_ref.at[pl.ds(k0, block_k), pl.ds(row0, block_rows)],
+                     mask=k_ok[:, None] & rows_ok[None, :], other=0)
+    b = _pallas.load(b_ref.at[pl.ds(k0, block_k), pl.ds(col0, block_cols)],
+                     mask=k_ok[:, None] & cols_ok[None, :], other=0)
+    return acc + jax.lax.dot_general(a, b, _DIMS_TN, precision=precision,
+                                     preferred_element_type=_F32)
+
+  acc = jax.lax.fori_loop(0, pl.cdiv(n_k, block_k), step,
+                          jnp.zeros((block_rows, block_cols), _F32))
+  _pallas.store(out_ref.at[pl.ds(row0, block_rows), pl.ds(col0, block_cols)], acc,
+                mask=rows_ok[:, None] & cols_ok[None, :])
+
+
+def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=False):
+  """``a^T b`` (float32) for ``a`` ``(k, rows)`` and ``b`` ``(k, cols)``, tile by tile.
+
+  Row tiles start at multiples of ``config.block_rows`` of ``a``'s rows.
+  """
+  n_k, n_rows = a.shape
+  n_cols = b.shape[1]
+  exact = a.dtype == _F32 and not config.tf32
+  kernel = functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
+                             config=config,
+                             precision=jax.lax.Precision.HIGHEST if exact else None)
+  return _pallas.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((n_rows, n_cols), _F32),
+      grid=(pl.cdiv(n_rows, config.block_rows), pl.cdiv(n_cols, config.block_cols)),
+      interpret=interpret,
+      compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
+      name="virtual_low_rank_gradient",
+  )(a, b)
+
+
+def tile_window(n_rows: int, rows: tuple[int, int] | None, block_rows: int) -> tuple[int, int]:
+  """``(lo, hi)``: the rows of the whole ``block_rows`` tiles that cover ``rows``.
+
+  Tiles start at multiples of ``block_rows`` of the whole ``n_rows`` (the last
+  one is cut at ``n_rows``), so a shard of rows is formed by the very tiles
+  that form those rows on one device.
+
+  Example:
+    >>> tile_window(1000, (500, 500), 64)
+    (448, 1000)
+    >>> tile_window(1000, None, 64)
+    (0, 1000)
+  """
+  row0, count = (0, n_rows) if rows is None else rows
+  lo = row0 // block_rows * block_rows
+  return lo, min(-(-(row0 + count) // block_rows) * block_rows, n_rows)
+
+
 def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic, rank,
-                      config=None, interpret=False):
-  """GPU path of the low-rank weight-gradient estimate: factors, then one GEMM per chunk.
+                      config=None, interpret=False, rows=None):
+  """GPU path of the low-rank weight-gradient estimate: factors, then :func:`tile_products`.
 
   A Pallas GEMM that generated the factors per output tile would hash each
   factor value once per tile of the other side: with 128-wide tiles that is
   ``pop * r * out * in / 64`` hashes against ``2 * pop * r * out * in`` GEMM
-  flops, several times the GEMM's own time on an H200. Materialising the
-  ``pop * (out + in) * r`` factor values (hashed once) and handing the GEMM to
-  XLA is cheaper; ``interpret`` runs the same XLA program.
+  flops, several times the GEMM's own time on an H200. So XLA materialises
+  ``a = w q_A`` ``(chunk * r, out)`` and ``b = q_B`` ``(chunk * r, in)`` (the
+  integer-valued factors, hashed once; ``w`` the folded fitness times the
+  scales) a chunk of the population at a time, and the kernel contracts them
+  over whole tiles whose summation order is fixed by ``config``
+  (``config.xla_gemm``: one XLA GEMM per chunk instead). ``rows=(row0, n)``
+  forms only those rows (:mod:`jaxnoise.parallel`) from the tiles that cover
+  them (:func:`tile_window`), so they equal those rows of the whole gradient.
   """
-  del interpret
   if config is None:
     config = config_lib.LowRankGradientConfig()
   if not isinstance(config, config_lib.LowRankGradientConfig):
     raise TypeError(f"config of a low-rank gradient must be a LowRankGradientConfig or None, "
                     f"got {type(config).__name__}")
   config = config.validate()
-  precision = None if config.tf32 else jax.lax.Precision.HIGHEST
-  return reference.low_rank_gradient(
-      fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
-      rank=rank, chunk_size=config.chunk, precision=precision,
-      operand_dtype=jnp.dtype(config.operand_dtype))
+  out_features, in_features = shape
+  width = out_features + in_features
+  row0, n_rows = (0, out_features) if rows is None else rows
+  lo, hi = tile_window(out_features, rows, 1 if config.xla_gemm else config.block_rows)
+  weights, pair_seeds = reference.scaled_weights(fitness, seeds, antithetic, sigma, pop_size,
+                                                 kind.scale * kind.scale / rank ** 0.5,
+                                                 apart=interpret)
+  n = pair_seeds.shape[0]
+  chunk = reference.chunk_size_for(n, width * rank, config.chunk)
+  operand_dtype = jnp.dtype(config.operand_dtype)
+  high = not noise_lib.fits_32_bits(kind, offset, rank * width)
+  iota = lambda start, count: start + jax.lax.broadcasted_iota(_U32, (1, count), 1)
+  a_hi, a_lo = noise_lib.block_index(offset, (rank, width), cols=iota(lo, hi - lo))
+  b_hi, b_lo = noise_lib.block_index(offset, (rank, width), cols=iota(out_features, in_features))
+
+  def contract(a, b):
+    if config.xla_gemm:
+      return jax.lax.dot_general(a, b, _DIMS_TN, preferred_element_type=_F32,
+                                 precision=None if config.tf32 else jax.lax.Precision.HIGHEST)
+    return tile_products(a, b, config=config, interpret=interpret)
+
+  def partial(w_c, seed_c):
+    seed_c = seed_c[:, None, None]
+    q_a = noise_lib.unscaled_noise(seed_c, a_hi[None], a_lo[None], kind, high_word=high)
+    q_b = noise_lib.unscaled_noise(seed_c, b_hi[None], b_lo[None], kind, high_word=high)
+    a = (q_a * w_c[:, None, None]).astype(operand_dtype).reshape(-1, hi - lo)
+    b = q_b.astype(operand_dtype).reshape(-1, in_features)
+    # Materialised operands and result: XLA fuses nothing into or out of the contraction.
+    return jax.lax.optimization_barrier(contract(*jax.lax.optimization_barrier((a, b))))
+
+  if chunk >= n:
+    total = partial(weights, pair_seeds)
+  else:
+    total = reference._sum_chunks(  # pylint: disable=protected-access
+        partial, chunk, n, jnp.zeros((hi - lo, in_features), _F32), weights, pair_seeds)
+  return total[row0 - lo:row0 - lo + n_rows]

@@ -12,8 +12,15 @@ Python int, ``rank`` None (full rank) or a positive int.
 
 With a ``rank`` the weight noise is the low-rank ``A_i B_i^T / sqrt(r)`` of
 :mod:`jaxnoise.noise` ("Low-rank layout"): the ops form ``x_i B_i`` and
-``(x_i B_i) A_i^T`` (or ``sum_i f_i A_i B_i^T``, a GEMM over ``pop * r``)
-from factors built a chunk of the population at a time, never ``E_i``.
+``(x_i B_i) A_i^T`` from factors built a chunk of the population at a time,
+never ``E_i``.
+
+The gradient estimates add, for every element, the population's terms one
+after another in population order (:func:`noise_gradient_reference`,
+:func:`low_rank_gradient`): no dot or reduce, whose summation order XLA
+chooses from the shape. So an element's bits do not depend on the block's
+size, and a device that forms some rows of a gradient
+(:mod:`jaxnoise.parallel`) gets the rows one device gets, bit for bit.
 """
 
 from __future__ import annotations
@@ -255,11 +262,83 @@ def _paired_fitness(fitness, seeds, antithetic):
   return fitness, seeds
 
 
-def _block_noise(seeds, offset, shape, kind):
-  """``(c, *shape)`` noise of a 1-D or 2-D block for a chunk of seeds ``(c,)``."""
-  if len(shape) == 2:
-    return _weight_noise(seeds, offset, shape, kind)
-  return _vector_noise(seeds, offset, shape[0], kind)
+def scaled_weights(fitness, seeds, antithetic, sigma, pop_size, scale, *, apart=False):
+  """``(w, seeds)``: the folded fitness times ``scale / (pop_size * sigma)``.
+
+  The gradient ops scale the weights first and sum weight times noise last,
+  so a gradient ends with an addition: no product is left for XLA to fuse
+  (as a fused multiply-add) into whatever uses the gradient in one program
+  and not in another.
+
+  ``apart=True`` forms ``w`` in a two-step loop, which XLA compiles apart
+  from the program around it, so the fitness's producer (e.g. the shaping's
+  last product) cannot fuse into the subtraction of a pair in one program
+  and not in another. On a GPU an optimisation barrier before the gradient
+  does that (XLA keeps it until after fusion); on the CPU, XLA removes
+  barriers before fusing, so the CPU paths (reference and interpreter) use
+  the loop.
+  """
+  if not apart:
+    weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
+    factor = jnp.float32(scale) / (jnp.float32(pop_size) * jnp.asarray(sigma, jnp.float32))
+    return weights * factor, pair_seeds
+  pair = 2 if antithetic else 1
+  n = seeds.shape[0] // pair
+  half = -(-n // 2)
+  padded = jnp.pad(fitness.astype(jnp.float32), (0, (2 * half - n) * pair))
+  weights = jax.lax.map(
+      lambda f: scaled_weights(f, f, antithetic, sigma, pop_size, scale)[0],
+      padded.reshape(2, half * pair))
+  return weights.reshape(-1)[:n], _paired_fitness(fitness, seeds, antithetic)[1]
+
+
+def _block_q(seeds, offset, shape, kind):
+  """``(c, *shape)`` unscaled noise ``q`` of a 1-D or 2-D block for seeds ``(c,)``."""
+  hi, lo = noise_lib.block_index(offset, shape)
+  high = not noise_lib.fits_32_bits(kind, offset, math.prod(shape))
+  seeds = seeds.reshape((-1,) + (1,) * len(shape))
+  return noise_lib.unscaled_noise(seeds, hi[None], lo[None], kind, high_word=high)
+
+
+# Individuals whose terms one loop step adds, at most.
+_MAX_STEP = 16
+
+
+def _accumulate(terms, fitness, seeds, *, antithetic, sigma, pop_size, scale, shape,
+                elements_per_individual):
+  """``sum_i terms(w_i, seed_i)``, added in population order into a float32 ``shape``.
+
+  ``w_i`` is the folded fitness times ``scale / (pop_size * sigma)`` (see
+  :func:`scaled_weights`), formed inside the loop from the loop's slice of
+  ``fitness``: the loop has at least two steps, so XLA compiles its body
+  apart from the program around it and cannot fuse the fitness's producer
+  (e.g. the shaping's last product) into the weights in one program and not
+  in another. ``terms(w, seeds)`` maps a step of ``c`` individuals to ``c``
+  lists of ``shape`` terms, added to the running sum one after another
+  (``acc + term``: one elementwise chain, whose products XLA fuses into the
+  additions the same way in any program). The order is individual by
+  individual whatever the step, so the result depends neither on the step
+  (derived from the block's size) nor on ``shape``: a row shard of a block
+  (:mod:`jaxnoise.parallel`) equals those rows of the whole block, bit for bit.
+  """
+  pair = 2 if antithetic else 1
+  n = seeds.shape[0] // pair
+  step = max(1, min(_MAX_STEP, n, DEFAULT_CHUNK_ELEMENTS // 64 // max(1, elements_per_individual)))
+  n_steps = max(2, -(-n // step))
+  pad = n_steps * step - n  # zero fitness: acc + 0 * term == acc
+  fitness = jnp.pad(fitness.astype(jnp.float32), (0, pad * pair)).reshape(n_steps, step * pair)
+  seeds = jnp.pad(seeds, (0, pad * pair)).reshape(n_steps, step * pair)
+
+  def body(acc, args):
+    weights, step_seeds = scaled_weights(*args, antithetic, sigma, pop_size, scale)
+    for individual_terms in terms(weights, step_seeds):
+      for term in individual_terms:
+        acc = acc + term
+    return acc, None
+
+  init = _common.match_varying(jnp.zeros(shape, jnp.float32), fitness, seeds)[0]
+  total, _ = jax.lax.scan(body, init, (fitness, seeds))
+  return total
 
 
 def noise_gradient_reference(
@@ -278,59 +357,58 @@ def noise_gradient_reference(
 ) -> jax.Array:
   """``sum_i fitness_i s_i N_i / (pop_size * sigma)`` for a 2-D weight or 1-D bias block.
 
-  With ``rank`` (2-D blocks), ``N_i = A_i B_i^T / sqrt(r)``: one GEMM
-  ``(f * A)^T B`` over ``pop * r`` per chunk of the population, at
-  ``precision`` (the reference's is HIGHEST; the GPU path passes its own).
+  Each element is the sum, in population order, of ``w_i * q_i`` (``w_i`` the
+  folded fitness times ``kind.scale / (pop_size * sigma)``, ``q_i`` the
+  integer-valued noise), the order of the Pallas kernel within one
+  population share. ``chunk_size`` is accepted for the old signature and
+  changes nothing (the result does not depend on how many individuals are
+  generated at once). With ``rank`` (2-D blocks), see
+  :func:`low_rank_gradient`; ``precision`` is unused (products are float32).
   """
+  del chunk_size, precision
   if rank is not None:
     return low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, kind=kind,
-                              antithetic=antithetic, chunk_size=chunk_size, rank=rank,
-                              precision=precision)
-  weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
-  n = pair_seeds.shape[0]
-  chunk = chunk_size_for(n, math.prod(shape), chunk_size)
+                             antithetic=antithetic, rank=rank)
+  dims = (1,) * len(shape)
 
-  def partial(f_c, seed_c):
-    return jnp.tensordot(f_c, _block_noise(seed_c, offset, shape, kind), axes=1,
-                         precision=_HIGHEST)
+  def terms(w, seeds_c):
+    q = _block_q(seeds_c, offset, shape, kind)
+    return [[w[j].reshape(dims) * q[j]] for j in range(w.shape[0])]
 
-  total = _sum_chunks(partial, chunk, n, jnp.zeros(shape, jnp.float32), weights, pair_seeds)
-  return total / (jnp.float32(pop_size) * jnp.asarray(sigma, jnp.float32))
+  return _accumulate(terms, fitness, seeds, antithetic=antithetic, sigma=sigma,
+                     pop_size=pop_size, scale=kind.scale, shape=shape,
+                     elements_per_individual=math.prod(shape))
 
 
-def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic,
-                      chunk_size, rank, precision, operand_dtype=jnp.float32, rows=None):
-  """``sum_i f_i s_i A_i B_i^T / (pop_size sigma sqrt(r))``: a GEMM over ``chunk * r`` per chunk.
+def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic, rank,
+                      rows=None):
+  """``sum_i f_i s_i A_i B_i^T / (pop_size sigma sqrt(r))``, as a sum of outer products in order.
 
-  The factors stay in their ``(c, r, out + in)`` index order, so each chunk is
-  one GEMM ``(c r, out)^T (c r, in)`` with no transpose; the scale is folded
-  into the fitness weights, and a single chunk skips the accumulation loop, so
-  the ``(out, in)`` result is written once. ``rows=(row0, n)`` forms only rows
-  ``[row0, row0 + n)`` (a device's shard, :mod:`jaxnoise.parallel`): ``A``'s
-  rows are sliced, ``B`` is whole.
+  Each element adds ``(w_i q_A[j, c]) q_B[k, c]`` over individuals ``i`` and
+  components ``c`` in turn (``w_i`` the folded fitness times ``kind.scale**2 /
+  (sqrt(r) pop_size sigma)``, ``q`` the integer-valued factors): no GEMM,
+  whose summation order would follow its shape. ``rows=(row0, n)`` forms only
+  rows ``[row0, row0 + n)`` (a device's shard, :mod:`jaxnoise.parallel`),
+  equal to those rows of the whole gradient bit for bit.
   """
-  weights, pair_seeds = _paired_fitness(fitness, seeds, antithetic)
-  n = pair_seeds.shape[0]
   out_features, in_features = shape
   width = out_features + in_features
   row0, n_rows = (0, out_features) if rows is None else rows
-  chunk = chunk_size_for(n, width * rank, chunk_size)
-  scale = jnp.float32(1.0 / math.sqrt(rank)) / (jnp.float32(pop_size)
-                                                   * jnp.asarray(sigma, jnp.float32))
-  weights = weights * scale
+  high = not noise_lib.fits_32_bits(kind, offset, rank * width)
+  iota = lambda start, n: start + jax.lax.broadcasted_iota(jnp.uint32, (1, n), 1)
+  a_hi, a_lo = noise_lib.block_index(offset, (rank, width), cols=iota(row0, n_rows))
+  b_hi, b_lo = noise_lib.block_index(offset, (rank, width), cols=iota(out_features, in_features))
 
-  def partial(f_c, seed_c):
-    factors = noise_lib.factor_block_noise(seed_c, offset, shape, rank, kind)  # (c, r, out + in)
-    a = (factors[..., row0:row0 + n_rows] * f_c[:, None, None]).astype(operand_dtype)
-    b = factors[..., out_features:].astype(operand_dtype)
-    return jax.lax.dot_general(
-        a.reshape(-1, n_rows), b.reshape(-1, in_features), (((0,), (0,)), ((), ())),
-        precision=precision, preferred_element_type=jnp.float32)
+  def terms(w, seeds_c):
+    seeds_c = seeds_c[:, None, None]
+    q_a = noise_lib.unscaled_noise(seeds_c, a_hi[None], a_lo[None], kind, high_word=high)
+    q_b = noise_lib.unscaled_noise(seeds_c, b_hi[None], b_lo[None], kind, high_word=high)
+    return [[(w[j] * q_a[j, c])[:, None] * q_b[j, c][None, :] for c in range(rank)]
+            for j in range(w.shape[0])]
 
-  if chunk >= n:
-    return partial(weights, pair_seeds)
-  return _sum_chunks(partial, chunk, n, jnp.zeros((n_rows, in_features), jnp.float32), weights,
-                     pair_seeds)
+  return _accumulate(terms, fitness, seeds, antithetic=antithetic, sigma=sigma,
+                     pop_size=pop_size, scale=kind.scale * kind.scale / math.sqrt(rank),
+                     shape=(n_rows, in_features), elements_per_individual=rank * n_rows * in_features)
 
 
 # The seed document's two names for the same estimate.
