@@ -64,12 +64,47 @@ def gradient_case(pop, shape, rank, implementation, repeats):
   return record
 
 
+# Tile configs screened by ``--sweep`` (the first is the default).
+SWEEP = (dict(), dict(block_rows=128, block_cols=128, block_k=32, num_warps=8, num_stages=3),
+         dict(block_rows=128, block_cols=256, block_k=32, num_warps=8, num_stages=3),
+         dict(block_rows=128, block_cols=128, block_k=64, num_warps=4, num_stages=3),
+         dict(block_rows=128, block_cols=256, block_k=64, num_warps=8, num_stages=2),
+         dict(block_rows=64, block_cols=256, block_k=32, num_warps=4, num_stages=4),
+         dict(operand_dtype="bfloat16"),
+         dict(operand_dtype="bfloat16", block_rows=128, block_cols=256, block_k=64,
+              num_warps=8, num_stages=3))
+
+
+def sweep_case(pop, shape, rank, implementation, calls):
+  """Device busy time (CUPTI) of each tile config and of the XLA GEMM, one shape."""
+  seeds = jaxnoise.draw_seeds(jax.random.key(0), pop, antithetic=True)
+  fitness = jaxnoise.optim.centered_rank(jax.random.normal(jax.random.key(1), (pop,)))
+  kind = noise_lib.get_kind("binomial")
+  record = {"pop": pop, "shape": list(shape), "rank": rank}
+  configs = [("xla_gemm", config_lib.LowRankGradientConfig(xla_gemm=True))]
+  configs += [(",".join(f"{k}={v}" for k, v in c.items()) or "default",
+               config_lib.LowRankGradientConfig(**c)) for c in SWEEP]
+  for name, config in configs:
+    fn = jax.jit(functools.partial(api._gradient, shape=shape, sigma=0.01, pop_size=pop,  # pylint: disable=protected-access
+                                   offset=12345, kind=kind, antithetic=True,
+                                   implementation=implementation, config=config, rank=rank))
+    try:
+      busy = _harness.device_busy(fn, fitness, seeds, calls=calls)
+      record[name] = (round(busy["busy_ms"], 4) if busy else
+                      round(1e3 * _harness.median_time(fn, fitness, seeds, repeats=3), 4))
+    except Exception as error:  # pylint: disable=broad-except
+      record[name] = f"error: {str(error)[:200]}"
+  return record
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true", help="tiny shapes, interpret (CPU)")
   parser.add_argument("--out", default="benchmarks/out")
   parser.add_argument("--budget", type=float, default=60.0)
+  parser.add_argument("--sweep", action="store_true",
+                      help="device busy time of each tile config in SWEEP (GPU)")
   args = parser.parse_args(argv)
   if args.quick:
     cases, implementation, repeats = [(16, (40, 24), 1), (16, (33, 70), 2)], "interpret", 2
@@ -86,8 +121,16 @@ def main(argv=None):
     _harness.run_case(results, f"low-rank gradient pop={pop} shape={shape} rank={rank}",
                       functools.partial(gradient_case, pop, shape, rank, implementation,
                                         repeats), budget)
+  if args.sweep:
+    for pop, shape, rank in cases:
+      _harness.run_case(results, f"sweep pop={pop} shape={shape} rank={rank}",
+                        functools.partial(sweep_case, pop, shape, rank, implementation,
+                                          2 if args.quick else 10), budget)
   _harness.write_json(os.path.join(args.out, "low_rank_gradient.json"),
                       {"facts": facts, "results": results})
+  for row in results:
+    if row["case"].startswith("sweep"):
+      print(row)
   print(_harness.table(results, ["case", "tiles_ms", "xla_gemm_ms", "tiles_over_xla_gemm",
                                  "max_rel_diff_tiles_vs_xla_gemm", "rows_bit_exact", "error"]))
 
