@@ -257,13 +257,14 @@ def low_rank_input_grad(grad_out, weight, seeds, sigma, offset, *, kind, antithe
   return base + term
 
 
-# a (k, rows) . b (k, cols) contracted over k -> (rows, cols).
-_DIMS_TN = (((0,), (0,)), ((), ()))
+# a (rows, k) . b (cols, k) contracted over k -> (rows, cols): both operands K-major,
+# the one layout Hopper's wgmma takes for 32-bit (TF32) operands without a transpose.
+_DIMS_NT = (((1,), (1,)), ((), ()))
 
 
 def _tile_products_kernel(a_ref, b_ref, out_ref, *, n_k: int, n_rows: int, n_cols: int,
                           config: config_lib.LowRankGradientConfig, precision):
-  """One ``(block_rows, block_cols)`` tile of ``a^T b``, summed over ``k`` in ``block_k`` steps.
+  """One ``(block_rows, block_cols)`` tile of ``a b^T``, summed over ``k`` in ``block_k`` steps.
 
   The steps are the same for every tile (masked loads add exact zeros past the
   ends), so an element's value does not depend on where its tile lies.
@@ -277,11 +278,11 @@ def _tile_products_kernel(a_ref, b_ref, out_ref, *, n_k: int, n_rows: int, n_col
   def step(index, acc):
     k0 = index * block_k
     k_ok = (k0 + jax.lax.iota(jnp.int32, block_k)) < n_k
-    a = _pallas.load(a_ref.at[pl.ds(k0, block_k), pl.ds(row0, block_rows)],
-                     mask=k_ok[:, None] & rows_ok[None, :], other=0)
-    b = _pallas.load(b_ref.at[pl.ds(k0, block_k), pl.ds(col0, block_cols)],
-                     mask=k_ok[:, None] & cols_ok[None, :], other=0)
-    return acc + jax.lax.dot_general(a, b, _DIMS_TN, precision=precision,
+    a = _pallas.load(a_ref.at[pl.ds(row0, block_rows), pl.ds(k0, block_k)],
+                     mask=rows_ok[:, None] & k_ok[None, :], other=0)
+    b = _pallas.load(b_ref.at[pl.ds(col0, block_cols), pl.ds(k0, block_k)],
+                     mask=cols_ok[:, None] & k_ok[None, :], other=0)
+    return acc + jax.lax.dot_general(a, b, _DIMS_NT, precision=precision,
                                      preferred_element_type=_F32)
 
   acc = jax.lax.fori_loop(0, pl.cdiv(n_k, block_k), step,
@@ -291,12 +292,12 @@ def _tile_products_kernel(a_ref, b_ref, out_ref, *, n_k: int, n_rows: int, n_col
 
 
 def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=False):
-  """``a^T b`` (float32) for ``a`` ``(k, rows)`` and ``b`` ``(k, cols)``, tile by tile.
+  """``a b^T`` (float32) for ``a`` ``(rows, k)`` and ``b`` ``(cols, k)``, tile by tile.
 
   Row tiles start at multiples of ``config.block_rows`` of ``a``'s rows.
   """
-  n_k, n_rows = a.shape
-  n_cols = b.shape[1]
+  n_rows, n_k = a.shape
+  n_cols = b.shape[0]
   exact = a.dtype == _F32 and not config.tf32
   kernel = functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
                              config=config,
@@ -368,16 +369,17 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
 
   def contract(a, b):
     if config.xla_gemm:
-      return jax.lax.dot_general(a, b, _DIMS_TN, preferred_element_type=_F32,
+      return jax.lax.dot_general(a, b, _DIMS_NT, preferred_element_type=_F32,
                                  precision=None if config.tf32 else jax.lax.Precision.HIGHEST)
     return tile_products(a, b, config=config, interpret=interpret)
 
   def partial(w_c, seed_c):
-    seed_c = seed_c[:, None, None]
-    q_a = noise_lib.unscaled_noise(seed_c, a_hi[None], a_lo[None], kind, high_word=high)
-    q_b = noise_lib.unscaled_noise(seed_c, b_hi[None], b_lo[None], kind, high_word=high)
-    a = (q_a * w_c[:, None, None]).astype(operand_dtype).reshape(-1, hi - lo)
-    b = q_b.astype(operand_dtype).reshape(-1, in_features)
+    # K-major operands, (rows, chunk * r) and (in, chunk * r): seeds and components last.
+    seed_c = seed_c[None, :, None]
+    q_a = noise_lib.unscaled_noise(seed_c, a_hi.T[:, None], a_lo.T[:, None], kind, high_word=high)
+    q_b = noise_lib.unscaled_noise(seed_c, b_hi.T[:, None], b_lo.T[:, None], kind, high_word=high)
+    a = (q_a * w_c[None, :, None]).astype(operand_dtype).reshape(hi - lo, -1)
+    b = q_b.astype(operand_dtype).reshape(in_features, -1)
     # Materialised operands and result: XLA fuses nothing into or out of the contraction.
     return jax.lax.optimization_barrier(contract(*jax.lax.optimization_barrier((a, b))))
 
