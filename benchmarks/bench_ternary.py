@@ -1,35 +1,42 @@
-"""Benchmark of the ternary counter kernels, before (main's kernels) and after, in one run.
+"""Ternary kernel benchmark: compiled checks and the sweeps that set the heuristics.
 
-Parts (``--part``, each writes ``ternary_<part>.json`` to ``--out`` and prints a table):
+Parts (``--part``; each writes ``ternary_<part>.json`` to ``--out`` after every
+case, and prints each row as it completes):
 
-* ``check``: every current kernel compiled on this device against the pure-JAX
-  reference (codes off by one and worse, scale / v / matmul deviations).
-* ``update``: :func:`counter_update` as bytes moved per second and as a
-  fraction of the measured copy bandwidth, at (4096, 4096), (8192, 8192),
-  (1536, 2304) and a ragged (1000, 3996): the old kernels at their old default
-  (``before``), the new kernels at the new default (``after``, float32 and
-  bfloat16 gradients), then a sweep of the new candidates (each screened
-  against the reference first).
-* ``matmul``: ``ternary_matmul`` against a bf16 ``jnp`` matmul with a dense
-  bf16 weight and against decode-then-matmul (XLA decode of the codes + ``jnp``
-  matmul), at M = 1, 4, 16, 256, 1024 on 4096x4096 and 8192x8192; ``before``
-  (old kernel, old default) and ``after`` (new default); then a sweep of the
-  new candidates at a few (M, shape). Each call in a timed group reads a
-  different copy of the weights (the packed copies alone cover twice the L2
-  cache), so small-M numbers are DRAM-bound as in a model's decode step.
-* ``from_io``: :func:`counter_update_from_io` against an XLA GEMM
-  (``grad_out^T x``) plus the fused update, before and after, with each
-  compiled executable's temporary memory (``memory_analysis()``).
+* ``check``: every kernel variant compiled once on this device, at small odd
+  shapes, against the pure-JAX reference (counter update: resident rows in
+  words / bytes, ragged chunks, two-pass rows, the non-default loads, two
+  rows per program; update from ``(x, grad_out)``: fused and two-kernel;
+  matmul: fma, dot in bytes / words, GEMM tiles, decode, float32, the input
+  gradient; decode, pack / unpack, init). Heuristic choices first.
+* ``update``: :func:`counter_update` configs at 8192x8192 float32 / bfloat16,
+  1000x3996 and 1536x2304 as a fraction of the measured copy bandwidth (the
+  heuristic first, then the candidates most likely to help: more rows per
+  program, fewer / more warps, the other code layout, whole-chunk tails,
+  strided loads), each screened against the reference. ``--before`` adds
+  main's kernels at their old default.
+* ``matmul``: ``ternary_matmul`` at M = 1, 4, 16 on 4096^2 and 8192^2 against
+  a dense bf16 matmul: the heuristic, then the fma grid (block_n 16/32/64,
+  split_k 4/8/16, block_groups 32/64 scaled by the rows) and byte / word dot
+  tiles; M = 64 dot vs decode last. Each call in a timed group reads a
+  different copy of the weights (the packed copies cover twice the L2), so
+  small-M numbers are DRAM-bound as in a model's decode step.
+* ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024) on
+  4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
+  then larger tiles, ``block_m`` and ``num_stages``.
 
-Timing: median of ``--samples`` groups after a warm-up; a group is
-``--inner`` calls compiled into one executable (state chained through in-place
-updates, or distinct inputs), so dispatch is not timed. Each part stops
-starting new cases once ``--budget`` seconds are spent (the rest are listed as
-skipped), so an outer ``timeout`` never cuts a JSON file.
+Sweeps interleave their cases by rank (every case's best-guess candidates run
+before any case's long tail), so a budget cut drops the least likely configs.
 
-GPU::
+Timing: median of ``--samples`` groups after a warm-up; a group is ``--inner``
+calls compiled into one executable (state chained through in-place updates, or
+distinct inputs), so dispatch is not timed. Each part stops starting new cases
+once ``--budget`` seconds are spent (the rest are listed as skipped), so an
+outer ``timeout`` never cuts a JSON file.
 
-    python benchmarks/bench_ternary.py --part update --out $OUT
+GPU (all parts: benchmarks/gpu_session5_ternary.sh)::
+
+    python benchmarks/bench_ternary.py --part check --budget 45 --out $OUT
 
 CPU (interpret mode, tiny shapes; checks that it runs)::
 
@@ -39,6 +46,7 @@ CPU (interpret mode, tiny shapes; checks that it runs)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import pathlib
@@ -98,17 +106,46 @@ def memory(fn, *args) -> dict:
 
 
 class Budget:
-  """Wall-clock budget of a part: cases past it are skipped (and listed)."""
+  """Wall-clock budget of a part, and its record: cases past the budget are skipped (and listed).
 
-  def __init__(self, seconds: float):
-    self.end = time.perf_counter() + seconds
+  :meth:`report` prints a row at once and rewrites the part's JSON file, so a
+  run cut by an outer timeout still leaves every finished case on disk.
+  """
+
+  def __init__(self, seconds: float, path: pathlib.Path | None = None,
+               record: dict | None = None):
+    self.start = time.perf_counter()
+    self.end = self.start + seconds
     self.skipped: list[str] = []
+    self.path, self.record = path, record if record is not None else {}
 
   def allows(self, name: str) -> bool:
     if time.perf_counter() < self.end:
       return True
     self.skipped.append(name)
     return False
+
+  def save(self) -> None:
+    if self.path is None:
+      return
+    self.record["wall_s"] = time.perf_counter() - self.start
+    self.record["skipped_for_budget"] = self.skipped
+    tmp = self.path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(self.record, indent=2, default=str))
+    tmp.replace(self.path)
+
+  def report(self, line: str) -> None:
+    print(f"[{time.perf_counter() - self.start:5.1f}s] {line}", flush=True)
+    self.save()
+
+
+def _ranked(per_case: dict) -> list[tuple]:
+  """``(case, item)`` pairs of ``{case: [items best-guess first]}`` interleaved by rank."""
+  lists = list(per_case.items())
+  out = []
+  for rank in range(max((len(items) for _, items in lists), default=0)):
+    out += [(case, items[rank]) for case, items in lists if rank < len(items)]
+  return out
 
 
 # ----------------------------------------------------------------------------
@@ -150,86 +187,9 @@ def relative_error(y, y_ref) -> dict:
           "relative": float(np.abs(y - y_ref).max() / scale)}
 
 
+
 # ----------------------------------------------------------------------------
-# Part: compiled correctness of every new kernel.
-
-
-def part_check(args, budget) -> dict:
-  interpret = args.quick
-  out = {}
-  hyper, seed = hyper_array(), jnp.full((1,), 12345, jnp.uint32)
-  update_shapes = [((48, 4 * 37), jnp.float32), ((40, 16 * 9), jnp.bfloat16)] if args.quick \
-      else [((4096, 4096), jnp.float32), ((1000, 3996), jnp.bfloat16), ((1536, 2304), jnp.float32),
-            ((64, 40000), jnp.float32)]
-  for (shape, dtype) in update_shapes:
-    for lagged in (False, True):
-      name = f"counter_update {shape[0]}x{shape[1]} {jnp.dtype(dtype).name} lagged={lagged}"
-      if not budget.allows(name):
-        continue
-      packed, scale, v = make_state(jax.random.key(0), *shape)
-      grad = jax.random.normal(jax.random.key(1), shape, dtype)
-      expected = jax.jit(functools.partial(reference.counter_update_reference, C=C,
-                                           lagged=lagged))(packed, scale, v, grad, hyper, seed[0])
-      actual = jax.jit(functools.partial(update_kernels.counter_update, C=C, lagged=lagged,
-                                         interpret=interpret))(packed, scale, v, grad, hyper,
-                                                               seed)
-      out[name] = compare_states(actual, expected, packed)
-  io_shape = (29, 48, 4 * 37) if args.quick else (512, 1024, 1024)
-  for dtype in (jnp.bfloat16, jnp.float32):
-    name = f"counter_update_from_io M={io_shape[0]} {io_shape[1]}x{io_shape[2]} " \
-           f"{jnp.dtype(dtype).name}"
-    if not budget.allows(name):
-      continue
-    m_rows, out_features, in_features = io_shape
-    packed, scale, v = make_state(jax.random.key(2), out_features, in_features)
-    x = jax.random.normal(jax.random.key(3), (m_rows, in_features), dtype)
-    grad_out = jax.random.normal(jax.random.key(4), (m_rows, out_features), dtype)
-    expected = jax.jit(functools.partial(reference.counter_update_from_io_reference, C=C,
-                                         lagged=True))(packed, scale, v, x, grad_out, hyper,
-                                                       seed[0])
-    actual = jax.jit(functools.partial(update_kernels.counter_update_from_io, C=C, lagged=True,
-                                       interpret=interpret))(packed, scale, v, x, grad_out,
-                                                             hyper, seed)
-    out[name] = compare_states(actual, expected, packed)
-  matmul_cases = [(1, 48, 16 * 5), (3, 40, 4 * 13)] if args.quick else [
-      (1, 4096, 4096), (16, 8192, 8192), (256, 4096, 4096), (1000, 1000, 3996)]
-  for m_rows, out_features, in_features in matmul_cases:
-    packed, scale, _ = make_state(jax.random.key(5), out_features, in_features)
-    for dtype in (jnp.bfloat16, jnp.float32):
-      x = jax.random.normal(jax.random.key(6), (m_rows, in_features), dtype)
-      y_ref = jax.jit(functools.partial(reference.ternary_matmul_reference, C=C,
-                                        out_dtype=jnp.float32))(x, packed, scale)
-      shape = (m_rows, out_features, in_features)
-      # The heuristic and the other methods here; the sweep screens every candidate.
-      configs = [config_lib.MatmulConfig.get_heuristics_config(shape, dtype)]
-      if dtype == jnp.bfloat16:
-        configs += [c for c in config_lib.MatmulConfig.candidates(shape, dtype)
-                    if c.method != configs[0].method]
-        configs.append(config_lib.MatmulConfig(method="decode"))
-        configs = list(dict.fromkeys(configs))
-      for config in configs:
-        name = f"ternary_matmul M={m_rows} {out_features}x{in_features} " \
-               f"{jnp.dtype(dtype).name} {_short(config)}"
-        if not budget.allows(name):
-          continue
-        y = jax.jit(functools.partial(matmul_kernels.ternary_matmul, C=C, out_dtype=jnp.float32,
-                                      config=config, interpret=interpret))(x, packed, scale)
-        out[name] = relative_error(y, y_ref)
-    name = f"ternary_decode {out_features}x{in_features}"
-    if budget.allows(name):
-      weight = jax.jit(functools.partial(elementwise.ternary_decode, C=C, dtype=jnp.bfloat16,
-                                         interpret=interpret))(packed, scale)
-      expected = reference.ternary_decode_reference(packed, scale, C, jnp.bfloat16)
-      out[name] = {"mismatches": int(jnp.sum(weight != expected))}
-    name = f"ternary_matmul input grad {out_features}x{in_features}"
-    if budget.allows(name):
-      grad_y = jax.random.normal(jax.random.key(7), (m_rows, out_features), jnp.bfloat16)
-      gx = jax.jit(functools.partial(matmul_kernels.ternary_matmul_input_grad, C=C,
-                                     out_dtype=jnp.float32, interpret=interpret))(
-                                         grad_y, packed, scale)
-      out[name] = relative_error(gx, reference.ternary_matmul_input_grad_reference(
-          grad_y, packed, scale, C=C))
-  return out
+# Shared helpers.
 
 
 def _short(config) -> str:
@@ -287,239 +247,9 @@ def time_update(args, update_fn, shape, dtype, copy_bps) -> dict:
           "fraction_of_copy": moved / seconds / copy_bps}
 
 
-def part_update(args, budget) -> dict:
-  interpret = args.quick
-  copy_bps = copy_bandwidth(args)
-  out = {"copy_bytes_per_s": copy_bps, "cases": {}}
-  shapes = [(64, 4 * 33), (40, 16 * 9)] if args.quick else \
-      [(4096, 4096), (8192, 8192), (1536, 2304), (1000, 3996)]
-  hyper, seed = hyper_array(), jnp.full((1,), 99, jnp.uint32)
-  rows = out["cases"]
-  for shape in shapes:
-    tag = f"{shape[0]}x{shape[1]}"
-    new = functools.partial(update_kernels.counter_update, C=C, lagged=False,
-                            interpret=interpret)
-    plans = [(f"{tag} f32 before", None, jnp.float32),
-             (f"{tag} f32 after", new, jnp.float32),
-             (f"{tag} bf16 before", None, jnp.bfloat16),
-             (f"{tag} bf16 after", new, jnp.bfloat16)]
-    for name, fn, dtype in plans:
-      if not budget.allows(name):
-        continue
-      if fn is None:
-        fn = functools.partial(_baseline().counter_update, C=C, lagged=False,
-                               interpret=interpret)
-      rows[name] = _guard(time_update, args, fn, shape, dtype, copy_bps)
-  for shape in shapes:
-    tag = f"{shape[0]}x{shape[1]}"
-    packed, scale, v = make_state(jax.random.key(6), *shape)
-    grad = jax.random.normal(jax.random.key(7), shape, jnp.float32)
-    expected = jax.jit(functools.partial(reference.counter_update_reference, C=C, lagged=False))(
-        packed, scale, v, grad, hyper, seed[0])
-    candidates = config_lib.CounterUpdateConfig.candidates(shape)
-    for config in candidates[: (2 if args.quick else None)]:
-      name = f"sweep {tag} f32 {_short(config)}"
-      if not budget.allows(name):
-        continue
-
-      def screened(config=config):
-        fn = functools.partial(update_kernels.counter_update, C=C, lagged=False, config=config,
-                               interpret=interpret)
-        check = compare_states(jax.jit(fn)(packed, scale, v, grad, hyper, seed), expected,
-                               packed)
-        if not check["within_spec"]:
-          return {"excluded": True, "check": check}
-        return {**time_update(args, fn, shape, jnp.float32, copy_bps),
-                "off_fraction": check["off_fraction"]}
-
-      rows[name] = _guard(screened)
-  return out
-
-
-# ----------------------------------------------------------------------------
-# Part: packed matmul.
-
-
 def _copies(packed_bytes: int, quick: bool) -> int:
   """Weight copies per timed group: the packed ones alone cover twice the L2 cache."""
   return 1 if quick else max(1, min(8, -(-2 * L2_BYTES // packed_bytes)))
-
-
-def part_matmul(args, budget) -> dict:
-  interpret = args.quick
-  shapes = [(48, 16 * 5)] if args.quick else [(4096, 4096), (8192, 8192)]
-  batches = (1, 4, 16, 32) if args.quick else (1, 4, 16, 256, 1024)
-  out = {"cases": {}, "sweeps": {}}
-  for out_features, in_features in shapes:
-    n_copies = _copies(out_features * in_features * 3 // 4, args.quick)
-    packs = [make_state(jax.random.key(10 + i), out_features, in_features)[:2]
-             for i in range(n_copies)]
-    dense = [reference.ternary_decode_reference(p, s, C, jnp.bfloat16) for p, s in packs]
-    for m_rows in batches:
-      tag = f"M={m_rows} {out_features}x{in_features}"
-      if not budget.allows(tag):
-        continue
-      xs = [jax.random.normal(jax.random.key(100 + i), (m_rows, in_features), jnp.bfloat16)
-            for i in range(args.inner)]
-      flops = 2.0 * m_rows * out_features * in_features
-
-      def group(call):
-        def run(xs, weights):
-          return [call(x, *weights[i % n_copies]) for i, x in enumerate(xs)]
-        jitted = jax.jit(run)
-        return lambda weights: median_time(jitted, lambda: (xs, weights),
-                                           samples=args.samples)["median_s"] / args.inner
-
-      config = config_lib.MatmulConfig.get_heuristics_config(
-          (m_rows, out_features, in_features), jnp.bfloat16)
-      forms = {
-          "bf16_matmul": (lambda x, w: jnp.dot(x, w.T, preferred_element_type=jnp.float32)
-                          .astype(jnp.bfloat16), [(w,) for w in dense]),
-          "xla_decode_then_matmul": (
-              lambda x, p, s: jnp.dot(x, reference.ternary_decode_reference(
-                  p, s, C, jnp.bfloat16).T, preferred_element_type=jnp.float32)
-              .astype(jnp.bfloat16), packs),
-          "before": (lambda x, p, s: _baseline().ternary_matmul(
-              x, p, s, C=C, out_dtype=jnp.bfloat16, interpret=interpret), packs),
-          "after": (lambda x, p, s: matmul_kernels.ternary_matmul(
-              x, p, s, C=C, out_dtype=jnp.bfloat16, interpret=interpret), packs),
-          "after_decode_method": (lambda x, p, s: matmul_kernels.ternary_matmul(
-              x, p, s, C=C, out_dtype=jnp.bfloat16, interpret=interpret,
-              config=config_lib.MatmulConfig(method="decode")), packs),
-      }
-      if m_rows <= 16:
-        del forms["after_decode_method"]  # a dense temporary never pays at decode sizes
-      row = {"flops": flops, "weight_copies": n_copies, "after_config": _short(config)}
-      for name, (call, weights) in forms.items():
-        row[name] = _guard(lambda call=call, weights=weights: {"seconds": group(call)(weights)})
-      base = row["bf16_matmul"].get("seconds")
-      for name in forms:
-        seconds = row[name].get("seconds")
-        if seconds and base:
-          row[name]["speedup_vs_bf16"] = base / seconds
-          row[name]["tflops"] = flops / seconds / 1e12
-      out["cases"][tag] = row
-  sweep_cases = [(1, 48, 16 * 5)] if args.quick else [
-      (1, 8192, 8192), (16, 8192, 8192), (256, 4096, 4096), (1024, 8192, 8192), (4, 4096, 4096)]
-  for m_rows, out_features, in_features in sweep_cases:
-    tag = f"M={m_rows} {out_features}x{in_features}"
-    shape = (m_rows, out_features, in_features)
-    n_copies = _copies(out_features * in_features * 3 // 4, args.quick)
-    packs = [make_state(jax.random.key(20 + i), out_features, in_features)[:2]
-             for i in range(n_copies)]
-    xs = [jax.random.normal(jax.random.key(200 + i), (m_rows, in_features), jnp.bfloat16)
-          for i in range(args.inner)]
-    y_ref = reference.ternary_matmul_reference(xs[0], *packs[0], C=C, out_dtype=jnp.float32)
-    rows = {}
-    for config in config_lib.MatmulConfig.candidates(shape)[: (2 if args.quick else None)]:
-      name = _short(config)
-      if not budget.allows(f"sweep {tag} {name}"):
-        continue
-
-      def screened(config=config):
-        call = functools.partial(matmul_kernels.ternary_matmul, C=C, out_dtype=jnp.bfloat16,
-                                 config=config, interpret=interpret)
-        error = relative_error(jax.jit(functools.partial(call, out_dtype=jnp.float32))(
-            xs[0], *packs[0]), y_ref)["relative"]
-        if not error < 1e-2:
-          return {"excluded": True, "relative_error": error}
-        jitted = jax.jit(lambda xs, weights: [call(x, *weights[i % n_copies])
-                                              for i, x in enumerate(xs)])
-        seconds = median_time(jitted, lambda: (xs, packs),
-                              samples=args.samples)["median_s"] / args.inner
-        return {"seconds": seconds, "relative_error": error}
-
-      rows[name] = _guard(screened)
-    out["sweeps"][tag] = rows
-  return out
-
-
-# ----------------------------------------------------------------------------
-# Part: update from (x, grad_out).
-
-
-def part_from_io(args, budget) -> dict:
-  interpret = args.quick
-  out_features, in_features = (64, 16 * 8) if args.quick else (4096, 4096)
-  out = {"cases": {}}
-  for m_rows in ((32, 64) if args.quick else (4096, 1024, 256)):
-    tag = f"M={m_rows} {out_features}x{in_features} bf16"
-    if not budget.allows(tag):
-      continue
-    x = jax.random.normal(jax.random.key(8), (m_rows, in_features), jnp.bfloat16)
-    grad_out = jax.random.normal(jax.random.key(9), (m_rows, out_features), jnp.bfloat16)
-    inner = max(1, min(args.inner, 3))
-
-    def gemm_plus(update):
-      def fn(packed, scale, v, x, grad_out, hyper, seed):
-        grad = jnp.einsum("mo,mi->oi", grad_out, x, preferred_element_type=jnp.float32)
-        return update(packed, scale, v, grad, hyper, seed, C=C, lagged=False,
-                      interpret=interpret)
-      return fn
-
-    forms = {
-        "after_from_io": functools.partial(update_kernels.counter_update_from_io, C=C,
-                                           lagged=False, interpret=interpret),
-        "after_gemm_plus_update": gemm_plus(update_kernels.counter_update),
-        "before_from_io": lambda *a: _baseline().counter_update_from_io(
-            *a, C=C, lagged=False, interpret=interpret),
-        "before_gemm_plus_update": gemm_plus(lambda *a, **k: _baseline().counter_update(*a, **k)),
-    }
-    row = {}
-    state_key = jax.random.key(10)
-    for name, fn in forms.items():
-      def measure(fn=fn):
-        run = chained(fn, inner)
-        timing = median_time(lambda p, s, v: run(p, s, v, x, grad_out),
-                             lambda: make_state(state_key, out_features, in_features),
-                             samples=max(3, args.samples // 2))
-        mem = memory(lambda p, s, v, x, g: fn(p, s, v, x, g, hyper_array(),
-                                               jnp.ones((1,), jnp.uint32)),
-                     *make_state(state_key, out_features, in_features), x, grad_out)
-        return {"seconds": timing["median_s"] / inner, "memory": mem}
-
-      row[name] = _guard(measure)
-    dense = row["after_gemm_plus_update"].get("seconds")
-    for name in forms:
-      if row[name].get("seconds") and dense:
-        row[name]["time_vs_after_gemm_plus_update"] = row[name]["seconds"] / dense
-    out["cases"][tag] = row
-  # Sweep of the new kernel's tilings at one batch (each screened first).
-  m_rows = 32 if args.quick else 1024
-  x = jax.random.normal(jax.random.key(11), (m_rows, in_features), jnp.bfloat16)
-  grad_out = jax.random.normal(jax.random.key(12), (m_rows, out_features), jnp.bfloat16)
-  packed, scale, v = make_state(jax.random.key(13), out_features, in_features)
-  hyper, seed = hyper_array(), jnp.full((1,), 7, jnp.uint32)
-  expected = jax.jit(functools.partial(reference.counter_update_from_io_reference, C=C,
-                                       lagged=False))(packed, scale, v, x, grad_out, hyper,
-                                                      seed[0])
-  sweep = out["sweep"] = {"shape": [m_rows, out_features, in_features], "candidates": {}}
-  shape = (m_rows, out_features, in_features)
-  for config in config_lib.FromIOConfig.candidates(shape)[: (1 if args.quick else None)]:
-    name = _short(config)
-    if not budget.allows(f"sweep from_io {name}"):
-      continue
-
-    def screened(config=config):
-      fn = functools.partial(update_kernels.counter_update_from_io, C=C, lagged=False,
-                             config=config, interpret=interpret)
-      check = compare_states(jax.jit(fn)(packed, scale, v, x, grad_out, hyper, seed), expected,
-                             packed)
-      if not check["within_spec"]:
-        return {"excluded": True, "check": check}
-      run = chained(fn, 2)
-      key = jax.random.key(14)
-      timing = median_time(lambda p, s, v: run(p, s, v, x, grad_out),
-                           lambda: make_state(key, out_features, in_features),
-                           samples=max(3, args.samples // 2))
-      return {"seconds": timing["median_s"] / 2, "off_fraction": check["off_fraction"]}
-
-    sweep["candidates"][name] = _guard(screened)
-  return out
-
-
-# ----------------------------------------------------------------------------
-# Driver.
 
 
 def _guard(fn, *args, **kwargs) -> dict:
@@ -531,61 +261,432 @@ def _guard(fn, *args, **kwargs) -> dict:
     return {"error": f"{type(error).__name__}: {str(error)[:400]}"}
 
 
-def format_table(part: str, result: dict) -> str:
-  lines = []
-  if part == "check":
-    for name, row in result.items():
-      if "off_by_one" in row:
-        lines.append(f"{name:<70} off-by-one {row['off_by_one']}/{row['codes']} "
-                     f"({row['off_fraction']:.1e}) worse {row['off_by_more']} scale rel "
-                     f"{row['scale_max_rel']:.1e} v rel {row['v_max_rel']:.1e} "
-                     f"spec ok {row['within_spec']}")
-      elif "relative" in row:
-        lines.append(f"{name:<70} max abs err {row['max_abs_error']:.3g} "
-                     f"(max |y| {row['max_abs_value']:.3g}, rel {row['relative']:.1e})")
+
+
+# ----------------------------------------------------------------------------
+# Part: compiled correctness of every kernel variant (small odd shapes).
+
+
+def _describe(row) -> str:
+  if "error" in row:
+    return f"ERROR {row['error'][:160]}"
+  if "off_by_one" in row:
+    return (f"off-by-one {row['off_by_one']}/{row['codes']} worse {row['off_by_more']} "
+            f"scale rel {row['scale_max_rel']:.1e} v rel {row['v_max_rel']:.1e} "
+            f"spec ok {row['within_spec']}")
+  if "relative" in row:
+    return f"rel err {row['relative']:.1e} ok {row.get('ok')}"
+  return str(row)[:160]
+
+
+def _check_update(shape, dtype, lagged, config, interpret):
+  packed, scale, v = make_state(jax.random.key(0), *shape)
+  grad = jax.random.normal(jax.random.key(1), shape, dtype)
+  hyper, seed = hyper_array(), jnp.full((1,), 12345, jnp.uint32)
+  expected = jax.jit(functools.partial(reference.counter_update_reference, C=C, lagged=lagged))(
+      packed, scale, v, grad, hyper, seed[0])
+  actual = jax.jit(functools.partial(update_kernels.counter_update, C=C, lagged=lagged,
+                                     config=config, interpret=interpret))(
+                                         packed, scale, v, grad, hyper, seed)
+  return compare_states(actual, expected, packed)
+
+
+def _check_from_io(shape, dtype, lagged, config, interpret):
+  m_rows, out_features, in_features = shape
+  packed, scale, v = make_state(jax.random.key(2), out_features, in_features)
+  x = jax.random.normal(jax.random.key(3), (m_rows, in_features), dtype)
+  grad_out = jax.random.normal(jax.random.key(4), (m_rows, out_features), dtype)
+  hyper, seed = hyper_array(), jnp.full((1,), 777, jnp.uint32)
+  expected = jax.jit(functools.partial(reference.counter_update_from_io_reference, C=C,
+                                       lagged=lagged))(packed, scale, v, x, grad_out, hyper,
+                                                       seed[0])
+  actual = jax.jit(functools.partial(update_kernels.counter_update_from_io, C=C, lagged=lagged,
+                                     config=config, interpret=interpret))(
+                                         packed, scale, v, x, grad_out, hyper, seed)
+  return compare_states(actual, expected, packed)
+
+
+def _check_matmul(shape, dtype, config, interpret):
+  m_rows, out_features, in_features = shape
+  packed, scale, _ = make_state(jax.random.key(5), out_features, in_features)
+  x = jax.random.normal(jax.random.key(6), (m_rows, in_features), dtype)
+  y_ref = jax.jit(functools.partial(reference.ternary_matmul_reference, C=C,
+                                    out_dtype=jnp.float32))(x, packed, scale)
+  config = config or config_lib.MatmulConfig.get_heuristics_config(shape, dtype)
+  y = jax.jit(functools.partial(matmul_kernels.ternary_matmul, C=C, out_dtype=jnp.float32,
+                                config=config, interpret=interpret))(x, packed, scale)
+  row = relative_error(y, y_ref)
+  row["config"] = _short(config)
+  row["ok"] = row["relative"] < (1e-5 if dtype == jnp.float32 else 1e-2)
+  return row
+
+
+def _check_input_grad(shape, dtype, interpret):
+  m_rows, out_features, in_features = shape
+  packed, scale, _ = make_state(jax.random.key(7), out_features, in_features)
+  grad_y = jax.random.normal(jax.random.key(8), (m_rows, out_features), dtype)
+  expected = jax.jit(functools.partial(reference.ternary_matmul_input_grad_reference, C=C))(
+      grad_y, packed, scale)
+  actual = jax.jit(functools.partial(matmul_kernels.ternary_matmul_input_grad, C=C,
+                                     out_dtype=jnp.float32, interpret=interpret))(
+                                         grad_y, packed, scale)
+  row = relative_error(actual, expected)
+  row["ok"] = row["relative"] < (1e-4 if dtype == jnp.float32 else 2e-2)
+  return row
+
+
+def _check_elementwise(shape, interpret):
+  packed, scale, _ = make_state(jax.random.key(9), *shape)
+  codes = reference.unpack_codes_reference(packed)
+  weight = jax.random.normal(jax.random.key(10), shape, jnp.float32)
+  decoded = jax.jit(functools.partial(elementwise.ternary_decode, C=C, dtype=jnp.bfloat16,
+                                      interpret=interpret))(packed, scale)
+  init = jax.jit(functools.partial(elementwise.ternary_init, C=C, interpret=interpret))(weight)
+  init_ref = reference.ternary_init_reference(weight, C)
+  return {
+      "decode_mismatches": int(jnp.sum(decoded != reference.ternary_decode_reference(
+          packed, scale, C, jnp.bfloat16))),
+      "pack_mismatches": int(jnp.sum(jax.jit(functools.partial(
+          elementwise.pack_codes, interpret=interpret))(codes) != packed)),
+      "unpack_mismatches": int(jnp.sum(jax.jit(functools.partial(
+          elementwise.unpack_codes, interpret=interpret))(packed) != codes)),
+      "init_code_mismatches": int(jnp.sum(init[0] != init_ref[0])),
+      "init_scale_max_rel": float(jnp.max(jnp.abs(init[1] - init_ref[1])
+                                          / jnp.maximum(jnp.abs(init_ref[1]), 1e-30)))}
+
+
+def check_cases(quick: bool) -> list[tuple]:
+  """``(name, fn, kwargs)`` of every variant, heuristic choices first (small odd shapes)."""
+  replace = dataclasses.replace
+  U = config_lib.CounterUpdateConfig
+  M = config_lib.MatmulConfig
+  f32, bf16 = jnp.float32, jnp.bfloat16
+  words, chunks, bytes_, long_rows = ((12, 16 * 9), (9, 4 * 144), (10, 4 * 13), (3, 16400)) \
+      if quick else ((45, 16 * 37), (33, 2304), (17, 3996), (5, 16400))
+  mm_words, mm_bytes = ((19, 16 * 5), (21, 4 * 13)) if quick else ((37, 16 * 37), (41, 1044))
+  small_io, large_io = ((29, 48, 4 * 37), (21, 20, 16 * 33)) if quick else \
+      ((29, 48, 4 * 37), (77, 40, 1040))
+  big_m = 40 if quick else 300
+  cases = []
+  for name, shape, dtype, lagged in [("resident words", words, f32, False),
+                                     ("resident bytes", bytes_, bf16, True),
+                                     ("ragged chunks", chunks, f32, True),
+                                     ("two-pass rows", long_rows, f32, True)]:
+    cases.append((f"counter_update {name} {shape[0]}x{shape[1]} {jnp.dtype(dtype).name} "
+                   f"lagged={lagged} {_short(U.get_heuristics_config(shape, dtype))}",
+                   _check_update, dict(shape=shape, dtype=dtype, lagged=lagged, config=None)))
+  for shape, dtype, lagged in [(small_io, bf16, True), (large_io, bf16, False),
+                               (large_io, f32, True)]:
+    config = config_lib.FromIOConfig.get_heuristics_config(shape, dtype)
+    kind = "fused" if config.fused(shape[2]) else "two-kernel"
+    cases.append((f"from_io {kind} M={shape[0]} {shape[1]}x{shape[2]} {jnp.dtype(dtype).name}",
+                  _check_from_io, dict(shape=shape, dtype=dtype, lagged=lagged, config=None)))
+  for m_rows, (out_features, in_features), dtype in [
+      (1, mm_words, bf16), (5, mm_words, bf16), (big_m, mm_words, bf16), (33, mm_words, bf16),
+      (1, mm_bytes, f32), (3, mm_bytes, f32), (20, mm_bytes, f32)]:
+    shape = (m_rows, out_features, in_features)
+    config = M.get_heuristics_config(shape, dtype)
+    cases.append((f"matmul heuristic M={m_rows} {out_features}x{in_features} "
+                  f"{jnp.dtype(dtype).name} {config.method}", _check_matmul,
+                  dict(shape=shape, dtype=dtype, config=config)))
+  for m_rows, dtype in [(1, bf16), (big_m, bf16), (3, f32)]:
+    shape = (m_rows,) + mm_words
+    cases.append((f"matmul input grad M={m_rows} {mm_words[0]}x{mm_words[1]} "
+                  f"{jnp.dtype(dtype).name}", _check_input_grad, dict(shape=shape, dtype=dtype)))
+  base = U.get_heuristics_config(chunks, f32)
+  for config in [replace(base, word_loads=not base.word_loads),
+                 replace(base, vector_loads=False),
+                 replace(base, block_rows=2, num_warps=min(16, 2 * base.num_warps))]:
+    cases.append((f"counter_update variant {chunks[0]}x{chunks[1]} f32 {_short(config)}",
+                  _check_update, dict(shape=chunks, dtype=f32, lagged=False, config=config)))
+  shape = (5,) + mm_words
+  for config in [replace(M.get_heuristics_config(shape, bf16), word_loads=True),
+                 M(block_m=4, block_n=16, block_groups=16, split_k=2, method="fma"),
+                 M(block_m=1, block_n=32, block_groups=32, split_k=4, method="fma",
+                   word_loads=False)]:
+    m_rows = config.block_m if config.method == "fma" else 5
+    cases.append((f"matmul variant M={m_rows} {mm_words[0]}x{mm_words[1]} bf16 {_short(config)}",
+                  _check_matmul, dict(shape=(m_rows,) + mm_words, dtype=bf16, config=config)))
+  config = M(block_m=128, block_n=128, block_groups=32, num_warps=8)
+  cases.append((f"matmul variant M={big_m} {mm_words[0]}x{mm_words[1]} bf16 {_short(config)}",
+                _check_matmul, dict(shape=(big_m,) + mm_words, dtype=bf16, config=config)))
+  config = replace(config_lib.FromIOConfig.get_heuristics_config(large_io, bf16),
+                   word_loads=False)
+  cases.append((f"from_io variant M={large_io[0]} {large_io[1]}x{large_io[2]} {_short(config)}",
+                _check_from_io, dict(shape=large_io, dtype=bf16, lagged=False, config=config)))
+  cases.append((f"decode / pack / unpack / init {mm_bytes[0]}x{mm_bytes[1]}",
+                 _check_elementwise, dict(shape=mm_bytes)))
+  return cases
+
+
+def part_check(args, budget, out) -> None:
+  for name, fn, kwargs in check_cases(args.quick):
+    if not budget.allows(name):
+      continue
+    out[name] = _guard(fn, interpret=args.quick, **kwargs)
+    budget.report(f"{name:<90} {_describe(out[name])}")
+
+
+# ----------------------------------------------------------------------------
+# Part: counter update throughput.
+
+
+def update_sweep_configs(shape, dtype) -> list:
+  """The heuristic, then the candidates most likely to help first."""
+  replace = dataclasses.replace
+  base = config_lib.CounterUpdateConfig.get_heuristics_config(shape, dtype)
+  warps = base.num_warps
+  out = [base,
+         replace(base, block_rows=2 * base.block_rows, num_warps=min(16, 2 * warps)),
+         replace(base, num_warps=max(1, warps // 2)),
+         replace(base, word_loads=not base.word_loads),
+         replace(base, tail_groups=base.block_groups),
+         replace(base, block_rows=2 * base.block_rows),
+         replace(base, block_rows=4 * base.block_rows, num_warps=min(16, 4 * warps)),
+         replace(base, vector_loads=False),
+         replace(base, num_warps=min(16, 2 * warps)),
+         replace(base, num_warps=max(1, warps // 4)),
+         replace(base, block_groups=max(base.tail_groups, base.block_groups // 2))]
+  return list(dict.fromkeys(out))
+
+
+def part_update(args, budget, out) -> None:
+  interpret = args.quick
+  copy_bps = out["copy_bytes_per_s"] = copy_bandwidth(args)
+  budget.report(f"copy bandwidth {copy_bps / 1e12:.3f} TB/s")
+  f32, bf16 = jnp.float32, jnp.bfloat16
+  cases = [((64, 16 * 33), f32), ((40, 4 * 37), f32)] if args.quick else \
+      [((8192, 8192), f32), ((8192, 8192), bf16), ((1000, 3996), f32), ((1536, 2304), f32)]
+  rows = out["cases"] = {}
+  if args.before:
+    for shape, dtype in cases:
+      name = f"{shape[0]}x{shape[1]} {jnp.dtype(dtype).name} before"
+      if budget.allows(name):
+        fn = functools.partial(_baseline().counter_update, C=C, lagged=False,
+                               interpret=interpret)
+        rows[name] = _guard(time_update, args, fn, shape, dtype, copy_bps)
+        budget.report(f"{name:<100} {_describe_time(rows[name], copy_bps)}")
+  per_case = {(shape, dtype): update_sweep_configs(shape, dtype)[: (2 if args.quick else None)]
+              for shape, dtype in cases}
+  expected_of = {}
+  hyper, seed = hyper_array(), jnp.full((1,), 99, jnp.uint32)
+  for (shape, dtype), config in _ranked(per_case):
+    name = f"{shape[0]}x{shape[1]} {jnp.dtype(dtype).name} {_short(config)}"
+    if not budget.allows(name):
+      continue
+
+    def screened(shape=shape, dtype=dtype, config=config):
+      state = make_state(jax.random.key(6), *shape)
+      grad = jax.random.normal(jax.random.key(7), shape, dtype)
+      if (shape, dtype) not in expected_of:
+        expected_of[(shape, dtype)] = jax.jit(functools.partial(
+            reference.counter_update_reference, C=C, lagged=False))(*state, grad, hyper, seed[0])
+      fn = functools.partial(update_kernels.counter_update, C=C, lagged=False, config=config,
+                             interpret=interpret)
+      check = compare_states(jax.jit(fn)(*state, grad, hyper, seed), expected_of[(shape, dtype)],
+                             state[0])
+      if not check["within_spec"]:
+        return {"excluded": True, "check": check}
+      return {**time_update(args, fn, shape, dtype, copy_bps),
+              "off_fraction": check["off_fraction"], "config": _short(config)}
+
+    rows[name] = _guard(screened)
+    budget.report(f"{name:<100} {_describe_time(rows[name], copy_bps)}")
+
+
+def _describe_time(row, copy_bps=None) -> str:
+  if "seconds" not in row:
+    return str(row)[:160]
+  text = f"{row['seconds'] * 1e6:9.1f} us"
+  if "fraction_of_copy" in row:
+    text += f"  {100 * row['fraction_of_copy']:5.1f}% of copy"
+  if "speedup_vs_bf16" in row:
+    text += f"  {row['speedup_vs_bf16']:.2f}x of bf16 matmul"
+  if "time_vs_gemm_plus_update" in row:
+    text += f"  x{row['time_vs_gemm_plus_update']:.2f} of GEMM+update"
+  return text
+
+
+# ----------------------------------------------------------------------------
+# Part: packed matmul.
+
+
+def matmul_sweep_configs(shape) -> list:
+  """The heuristic, then the fma grid and the dot tiles, most likely first."""
+  m_rows = shape[0]
+  M = config_lib.MatmulConfig
+  base = M.get_heuristics_config(shape, jnp.bfloat16)
+  block_m = config_lib.next_power_of_2(m_rows)
+  # (block_n, split_k, block_groups) around the measured best at M=1 8192^2 (16, 8, 64).
+  grid = [(16, 8, 64), (16, 16, 64), (16, 4, 64), (32, 8, 64), (16, 8, 32), (32, 16, 64),
+          (16, 16, 32), (32, 8, 32), (64, 8, 64), (32, 4, 64), (64, 16, 64), (16, 4, 32),
+          (32, 16, 32), (64, 8, 32), (64, 4, 64), (32, 4, 32), (64, 16, 32), (64, 4, 32)]
+  # Rows > 1 scale the inputs per step down: the fma accumulator is block_m x block_n x 4 groups.
+  fma = [M(block_m=block_m, block_n=n, block_groups=max(4, g // block_m), num_warps=4,
+           num_stages=3, split_k=k, method="fma") for n, k, g in grid]
+  dot = [c for c in M.candidates(shape, jnp.bfloat16) if c.method == "dot"]
+  if m_rows == 1:
+    out = [base] + fma + dot
+  elif m_rows <= 4:
+    out = [base] + dot[:2] + fma[:6] + dot[2:] + fma[6:12]
+  elif m_rows <= 16:
+    out = [base] + dot + fma[:4]
+  else:
+    out = [base] + [c for c in M.candidates(shape, jnp.bfloat16) if c.method != base.method][:3]
+  return list(dict.fromkeys(out))
+
+
+def part_matmul(args, budget, out) -> None:
+  interpret = args.quick
+  shapes = [(48, 16 * 5)] if args.quick else [(4096, 4096), (8192, 8192)]
+  batches = (1, 4) if args.quick else (1, 4, 16)
+  cases = [(m, shape) for shape in shapes for m in batches] + \
+      ([] if args.quick else [(64, (4096, 4096))])
+  weights = {}
+  for shape in shapes:
+    n_copies = _copies(shape[0] * shape[1] * 3 // 4, args.quick)
+    weights[shape] = [make_state(jax.random.key(10 + i), *shape)[:2] for i in range(n_copies)]
+  rows = out["cases"] = {}
+
+  def measure(m_rows, shape, call, operands, y_ref=None):
+    xs = [jax.random.normal(jax.random.key(100 + i), (m_rows, shape[1]), jnp.bfloat16)
+          for i in range(args.inner)]
+    jitted = jax.jit(lambda xs, ws: [call(x, *ws[i % len(ws)]) for i, x in enumerate(xs)])
+    row = {}
+    if y_ref is not None:  # Screen with the timed executable's own first output.
+      row = relative_error(jitted(xs, operands)[0], y_ref)
+      if not row["relative"] < 1e-2:
+        return {"excluded": True, **row}
+    seconds = median_time(jitted, lambda: (xs, operands),
+                          samples=args.samples)["median_s"] / args.inner
+    return {"seconds": seconds, **row}
+
+  bf16_seconds, y_refs = {}, {}
+  per_case = {}
+  for m_rows, shape in cases:
+    per_case[(m_rows, shape)] = ["bf16_matmul"] + \
+        matmul_sweep_configs((m_rows,) + shape)[: (2 if args.quick else None)]
+  for (m_rows, shape), config in _ranked(per_case):
+    tag = f"M={m_rows} {shape[0]}x{shape[1]}"
+    name = f"{tag} {config if isinstance(config, str) else _short(config)}"
+    if not budget.allows(name):
+      continue
+    packs = weights[shape]
+    if config == "bf16_matmul":
+      dense = [(reference.ternary_decode_reference(p, s, C, jnp.bfloat16),) for p, s in packs]
+      row = _guard(measure, m_rows, shape, lambda x, w: jnp.dot(
+          x, w.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16), dense)
+      del dense
+      bf16_seconds[(m_rows, shape)] = row.get("seconds")
+    else:
+      if (m_rows, shape) not in y_refs:
+        x0 = jax.random.normal(jax.random.key(100), (m_rows, shape[1]), jnp.bfloat16)
+        y_refs[(m_rows, shape)] = reference.ternary_matmul_reference(
+            x0, *packs[0], C=C, out_dtype=jnp.float32)
+      call = functools.partial(matmul_kernels.ternary_matmul, C=C, out_dtype=jnp.bfloat16,
+                               config=config, interpret=interpret)
+      row = _guard(measure, m_rows, shape, call, packs, y_refs[(m_rows, shape)])
+      row["config"] = _short(config)
+      base = bf16_seconds.get((m_rows, shape))
+      if row.get("seconds") and base:
+        row["speedup_vs_bf16"] = base / row["seconds"]
+    rows[name] = row
+    budget.report(f"{name:<100} {_describe_time(row)}")
+
+
+# ----------------------------------------------------------------------------
+# Part: update from (x, grad_out).
+
+
+def from_io_sweep_configs(shape) -> list:
+  """The heuristic, then larger tiles, deeper reductions and pipelining."""
+  replace = dataclasses.replace
+  base = config_lib.FromIOConfig.get_heuristics_config(shape, jnp.bfloat16)
+  if base.fused(shape[2]):
+    return [base]
+  out = [base,
+         replace(base, block_rows=128, num_warps=8),
+         replace(base, block_rows=128, block_groups=64, num_warps=8),
+         replace(base, block_groups=64, num_warps=8),
+         replace(base, num_stages=4),
+         replace(base, block_m=32, num_stages=4),
+         replace(base, block_rows=128, num_warps=8, num_stages=4),
+         replace(base, num_stages=2),
+         replace(base, block_rows=128, block_groups=64, num_warps=8, num_stages=2),
+         replace(base, word_loads=False),
+         replace(base, block_rows=128, block_groups=64, block_m=32, num_warps=8, num_stages=4)]
+  return list(dict.fromkeys(out))
+
+
+def part_from_io(args, budget, out) -> None:
+  interpret = args.quick
+  out_features, in_features = (64, 16 * 40) if args.quick else (4096, 4096)
+  batches = (64,) if args.quick else (4096, 1024)
+  rows = out["cases"] = {}
+  hyper, seed = hyper_array(), jnp.full((1,), 7, jnp.uint32)
+  state_key = jax.random.key(10)
+  inner = max(1, min(args.inner, 3))
+
+  def gemm_plus_update(packed, scale, v, x, grad_out, hyper, seed):
+    grad = jnp.einsum("mo,mi->oi", grad_out, x, preferred_element_type=jnp.float32)
+    return update_kernels.counter_update(packed, scale, v, grad, hyper, seed, C=C, lagged=False,
+                                         interpret=interpret)
+
+  per_case = {}
+  for m_rows in batches:
+    configs = from_io_sweep_configs((m_rows, out_features, in_features))
+    per_case[m_rows] = ["gemm_plus_update"] + (configs[:1] if args.quick or m_rows != batches[0]
+                                               else configs)
+  inputs, dense_seconds, expected_of = {}, {}, {}
+  for m_rows, config in _ranked(per_case):
+    tag = f"M={m_rows} {out_features}x{in_features} bf16"
+    name = f"{tag} {config if isinstance(config, str) else _short(config)}"
+    if not budget.allows(name):
+      continue
+    if m_rows not in inputs:
+      inputs[m_rows] = (
+          jax.random.normal(jax.random.key(8), (m_rows, in_features), jnp.bfloat16),
+          jax.random.normal(jax.random.key(9), (m_rows, out_features), jnp.bfloat16))
+    x, grad_out = inputs[m_rows]
+
+    def measure(config=config, m_rows=m_rows, x=x, grad_out=grad_out):
+      row = {}
+      if config == "gemm_plus_update":
+        fn = gemm_plus_update
       else:
-        lines.append(f"{name:<70} {row}")
-  elif part == "update":
-    lines.append(f"copy bandwidth {result['copy_bytes_per_s'] / 1e12:.3f} TB/s")
-    for name, row in result["cases"].items():
-      if "seconds" in row:
-        lines.append(f"{name:<90} {row['seconds'] * 1e6:9.1f} us  "
-                     f"{100 * row['fraction_of_copy']:5.1f}% of copy")
-      else:
-        lines.append(f"{name:<90} {row}")
-  elif part == "matmul":
-    for tag, row in result["cases"].items():
-      cells = []
-      for name in ("bf16_matmul", "xla_decode_then_matmul", "before", "after",
-                   "after_decode_method"):
-        cell = row.get(name, {})
-        if "seconds" in cell:
-          cells.append(f"{name} {cell['seconds'] * 1e6:.1f}us "
-                       f"({cell.get('speedup_vs_bf16', 0):.2f}x)")
-        elif cell:
-          cells.append(f"{name} {cell.get('error', 'n/a')[:40]}")
-      lines.append(f"{tag:<22} " + " | ".join(cells) + f"  [after: {row['after_config']}]")
-    for tag, rows in result["sweeps"].items():
-      lines.append(f"sweep {tag}")
-      for name, row in rows.items():
-        detail = f"{row['seconds'] * 1e6:9.1f} us" if "seconds" in row else str(row)[:80]
-        lines.append(f"  {name:<100} {detail}")
-  elif part == "from_io":
-    for tag, row in result["cases"].items():
-      for name, cell in row.items():
-        if "seconds" in cell:
-          temp = cell.get("memory", {}).get("temp_size_in_bytes", 0) / 2**20
-          lines.append(f"{tag:<24} {name:<26} {cell['seconds'] * 1e3:8.3f} ms  temp "
-                       f"{temp:8.1f} MiB  x{cell.get('time_vs_after_gemm_plus_update', 0):.2f}")
-        else:
-          lines.append(f"{tag:<24} {name:<26} {cell}")
-    sweep = result.get("sweep", {})
-    if sweep:
-      lines.append(f"sweep from_io M,out,in={sweep['shape']}")
-      for name, row in sweep["candidates"].items():
-        detail = f"{row['seconds'] * 1e3:8.3f} ms" if "seconds" in row else str(row)[:80]
-        lines.append(f"  {name:<100} {detail}")
-  return "\n".join(lines)
+        fn = functools.partial(update_kernels.counter_update_from_io, C=C, lagged=False,
+                               config=config, interpret=interpret)
+        state = make_state(jax.random.key(13), out_features, in_features)
+        if m_rows not in expected_of:
+          expected_of[m_rows] = jax.jit(functools.partial(
+              reference.counter_update_from_io_reference, C=C, lagged=False))(
+                  *state, x, grad_out, hyper, seed[0])
+        check = compare_states(jax.jit(fn)(*state, x, grad_out, hyper, seed),
+                               expected_of[m_rows], state[0])
+        if not check["within_spec"]:
+          return {"excluded": True, "check": check}
+        row = {"off_fraction": check["off_fraction"], "config": _short(config)}
+      run = chained(fn, inner)
+      timing = median_time(lambda p, s, v: run(p, s, v, x, grad_out),
+                           lambda: make_state(state_key, out_features, in_features),
+                           samples=max(3, args.samples // 2))
+      row["seconds"] = timing["median_s"] / inner
+      if config == "gemm_plus_update" or config == per_case[m_rows][1]:
+        row["memory"] = memory(lambda p, s, v, x, g: fn(p, s, v, x, g, hyper_array(),
+                                                         jnp.ones((1,), jnp.uint32)),
+                               *make_state(state_key, out_features, in_features), x, grad_out)
+      return row
+
+    row = rows[name] = _guard(measure)
+    if config == "gemm_plus_update":
+      dense_seconds[m_rows] = row.get("seconds")
+    elif row.get("seconds") and dense_seconds.get(m_rows):
+      row["time_vs_gemm_plus_update"] = row["seconds"] / dense_seconds[m_rows]
+    budget.report(f"{name:<100} {_describe_time(row)}")
+
+
+# ----------------------------------------------------------------------------
+# Driver.
 
 
 PARTS = {"check": part_check, "update": part_update, "matmul": part_matmul,
@@ -602,6 +703,8 @@ def main(argv=None):
   parser.add_argument("--inner", type=int, default=None)
   parser.add_argument("--budget", type=float, default=1e9,
                       help="seconds after which no new case starts")
+  parser.add_argument("--before", action="store_true",
+                      help="update part: also time main's kernels (benchmarks/baseline_ternary)")
   args = parser.parse_args(argv)
   args.samples = args.samples or (2 if args.quick else 10)
   args.inner = args.inner or (2 if args.quick else 8)
@@ -610,22 +713,25 @@ def main(argv=None):
   device = jax.devices()[0]
   print(f"jax {jax.__version__}, {device.device_kind} ({jax.default_backend()}), part "
         f"{args.part}, {'quick/interpret' if args.quick else 'compiled'}", flush=True)
-  budget = Budget(args.budget)
-  start = time.perf_counter()
-  result = _guard(PARTS[args.part], args, budget)
-  record = {"jax": jax.__version__, "device": device.device_kind, "part": args.part,
-            "quick": args.quick, "samples": args.samples, "inner": args.inner, "C": C,
-            "hyper": HYPER, "wall_s": time.perf_counter() - start,
-            "skipped_for_budget": budget.skipped, "result": result}
   out_dir = pathlib.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
   path = out_dir / f"ternary_{args.part}.json"
-  path.write_text(json.dumps(record, indent=2, default=str))
-  print(format_table(args.part, result) if "error" not in result else result["error"])
+  result: dict = {}
+  record = {"jax": jax.__version__, "device": device.device_kind, "part": args.part,
+            "quick": args.quick, "samples": args.samples, "inner": args.inner, "C": C,
+            "hyper": HYPER, "budget_s": args.budget, "complete": False, "result": result}
+  budget = Budget(args.budget, path, record)
+  budget.save()
+  error = _guard(PARTS[args.part], args, budget, result)
+  record["complete"] = error is None
+  if error is not None:
+    record["error"] = error["error"]
+    print(error["error"])
+  budget.save()
   if budget.skipped:
-    print(f"skipped for the budget: {budget.skipped}")
-  print(f"wrote {path} ({record['wall_s']:.0f} s)")
-  return 1 if "error" in result else 0
+    print(f"skipped for the budget ({len(budget.skipped)}): {budget.skipped}")
+  print(f"wrote {path} ({record['wall_s']:.0f} s)", flush=True)
+  return 1 if error is not None else 0
 
 
 if __name__ == "__main__":

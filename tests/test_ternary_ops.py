@@ -470,6 +470,39 @@ def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
                                **tolerance)
 
 
+@pytest.mark.parametrize("m_rows", [1, 4, 16, 256])
+def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
+  """The heuristic's config per batch (fma, byte-unit dot, decode) runs in interpret mode."""
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  out_features, in_features, C = 37, 16 * 7, 5
+  _, packed, scale, _ = random_state(rng, out_features, in_features, C)
+  x = jnp.asarray(rng.normal(size=(m_rows, in_features)), jnp.bfloat16)
+  config = config_lib.MatmulConfig.get_heuristics_config((m_rows, out_features, in_features),
+                                                         x.dtype)
+  expected_method = {1: "fma", 4: "dot", 16: "dot", 256: "decode"}[m_rows]
+  assert config.method == expected_method, config
+  if config.method == "dot":
+    assert not config.word_loads, config  # bytes measured faster than words at M <= 16
+  y = matmul_kernels.ternary_matmul(x, packed, scale, C=C, out_dtype=jnp.float32,
+                                    config=config, interpret=True)
+  expected = reference.ternary_matmul_reference(x, packed, scale, C=C, out_dtype=jnp.float32)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(expected), rtol=1e-5, atol=1e-4)
+  # The input gradient always gets dot tiles, whatever the forward's method.
+  grad_y = jnp.asarray(rng.normal(size=(m_rows, out_features)), jnp.bfloat16)
+  grad_config = config_lib.MatmulConfig.get_input_grad_heuristics_config(
+      (m_rows, in_features, out_features), grad_y.dtype)
+  assert grad_config.method == "dot" and grad_config.block_m >= 16
+  gx = matmul_kernels.ternary_matmul_input_grad(grad_y, packed, scale, C=C,
+                                                out_dtype=jnp.float32, config=config,
+                                                interpret=True)
+  expected_gx = np.asarray(reference.ternary_matmul_input_grad_reference(grad_y, packed, scale,
+                                                                        C=C))
+  # The kernel rounds grad_y * scale to bfloat16 before its dot: ~2**-8 relative error.
+  np.testing.assert_allclose(np.asarray(gx), expected_gx, rtol=0,
+                             atol=1e-2 * np.abs(expected_gx).max())
+
+
 @pytest.mark.parametrize("implementation", ["reference"] + KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_ternary_matmul_vjp(rng, implementation, dtype):

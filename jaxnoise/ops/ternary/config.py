@@ -345,6 +345,8 @@ class FromIOConfig:
 MATMUL_METHODS = ("dot", "fma", "decode")
 # Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
 _GEMV_PROGRAMS = 512
+# Programs of the M = 1 fma tiles: 4096 (512 x split 8 at 8192^2) measured best (64.8 us).
+_FMA_PROGRAMS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,16 +410,67 @@ class MatmulConfig:
                             ) -> "MatmulConfig":
     """A default for ``(M, out, in)`` and ``x``'s ``dtype``.
 
+    The choices follow the first compiled sweep (H200, jax 0.11.2, 2026-12-01,
+    ``benchmarks/results/2026-12-01-h200-s5/ternary``; bfloat16 ``x``):
+
+    * ``M = 1``: CUDA-core ``"fma"`` tiles of 16 output units, 256 inputs per
+      step, ``in`` split for ~4096 programs: 64.8 us at 8192^2, against
+      151-167 us for the 16-row dot tiles (a dense bf16 matmul: 34 us).
+    * ``2 <= M <= 16``: 16-row dot tiles split along ``in`` for ~512 programs,
+      codes read as bytes: ``word_loads=False`` measured 108 us (M=1) and
+      99 us (M=16) at 8192^2 against 150-194 us with words.
+    * ``16 < M < 256``: GEMM tiles, split along ``in`` (not measured yet).
+    * ``M >= 256`` (or float32 ``x`` beyond ``M = 16``): ``"decode"`` (Pallas
+      decode to a dense temporary, then XLA's GEMM): 53-62 us at M=256 4096^2
+      vs 116-125 us for the dot tiles, 98 vs 320 us at M=256 8192^2, 244 vs
+      885 us at M=1024 8192^2 (0.71-1.00x of a dense bf16 matmul).
+
+    Example:
+      >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
+      >>> config.method, config.block_n, config.split_k
+      ('fma', 16, 16)
+      >>> MatmulConfig.get_heuristics_config((256, 4096, 4096), "bfloat16").method
+      'decode'
+    """
+    m_rows, out_features, in_features = (int(d) for d in shape)
+    itemsize = jnp.dtype(dtype).itemsize
+    if m_rows == 1:
+      # fma at M=1: 64.8 us vs 151-167 us (dot, 16 rows of which 15 padding) at 8192^2.
+      # The float32 products are the same for any x dtype (x is cast in registers).
+      return cls._fma_config(m_rows, out_features, in_features)
+    if m_rows >= 256 or (m_rows > 16 and itemsize >= 4):
+      # decode + XLA GEMM: 2.0-3.6x faster than the dot tiles at M = 256 / 1024
+      # (4096^2: 53-62 vs 116-125 us, 98 vs 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us).
+      # Exact float32 GEMM tiles spill; XLA's float32 GEMM on the decoded t is exact too.
+      return cls(method="decode")
+    config = cls._dot_tiles(shape, dtype)
+    if m_rows <= 16:
+      # Bytes beat words here: 108 us (M=1) and 99 us (M=16) at 8192^2 vs 150-194 us.
+      config = dataclasses.replace(config, word_loads=False)
+    return config
+
+  @classmethod
+  def _fma_config(cls, m_rows: int, out_features: int, in_features: int) -> "MatmulConfig":
+    """CUDA-core tiles: 16 outputs x 256 inputs per step, ~4096 programs.
+
+    At 8192^2 this is the measured best (``split_k=8``: 512 x 8 programs).
+    """
+    block_groups = 64
+    steps = max(1, -(-max(1, in_features // 4) // block_groups))
+    n_blocks = -(-out_features // 16)
+    split = min(steps, next_power_of_2(max(1, _FMA_PROGRAMS // n_blocks)))
+    return cls(block_m=next_power_of_2(m_rows), block_n=16, block_groups=block_groups,
+               num_warps=4, num_stages=3, split_k=split, method="fma")
+
+  @classmethod
+  def _dot_tiles(cls, shape: Sequence[int], dtype: Any) -> "MatmulConfig":
+    """Tensor-core tiles for ``(M, out, in)`` (the forward's dot method, the input gradient).
+
     Decode-sized ``M`` (<= 16) is memory-bound on the 0.75-byte codes: one
     16-row dot tile, 64 output units, 256 inputs per step, and ``in`` split
     so that there are ~512 programs. Larger ``M`` uses GEMM tiles (64-128
     square, 64-128 inputs per step), split along ``in`` while the tiles alone
     give fewer programs than a large GPU has SMs.
-
-    Example:
-      >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
-      >>> config.block_n, config.split_k
-      (64, 8)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     itemsize = jnp.dtype(dtype).itemsize
@@ -431,8 +484,7 @@ class MatmulConfig:
       return cls(block_m=16, block_n=block_n, block_groups=groups, num_warps=4, num_stages=3,
                  split_k=split)
     if itemsize >= 4:
-      # Exact float32 GEMM tiles spill; XLA's float32 GEMM on the decoded t is exact too.
-      return cls(method="decode")
+      return cls()
     if m_rows <= 64:
       block_m = max(16, next_power_of_2(m_rows))
       n_blocks = -(-out_features // 64)
@@ -447,6 +499,17 @@ class MatmulConfig:
                num_warps=8 if block == 128 else 4, num_stages=3, split_k=split)
 
   @classmethod
+  def get_input_grad_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16
+                                       ) -> "MatmulConfig":
+    """Dot tiles of the input-gradient kernel for ``(M, in, out)`` (always ``method="dot"``).
+
+    Example:
+      >>> MatmulConfig.get_input_grad_heuristics_config((1, 4096, 4096)).block_m
+      16
+    """
+    return cls._dot_tiles(shape, dtype)
+
+  @classmethod
   def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> list["MatmulConfig"]:
     """The heuristic and a few neighbours (autotuning and the benchmark sweep)."""
     m_rows, out_features, in_features = (int(d) for d in shape)
@@ -454,22 +517,22 @@ class MatmulConfig:
     out = [base]
     replace = dataclasses.replace
     if m_rows <= 16:
-      out += [replace(base, split_k=max(1, base.split_k // 2)),
-              replace(base, split_k=base.split_k * 2),
-              replace(base, block_n=128, num_warps=8),
-              replace(base, block_n=32, split_k=base.split_k * 2),
-              replace(base, block_groups=32, split_k=base.split_k * 2),
-              replace(base, word_loads=False)]
-      if m_rows <= 2:
-        out.append(cls(block_m=next_power_of_2(m_rows), block_n=16, block_groups=64,
-                       num_warps=4, num_stages=3, split_k=base.split_k * 2, method="fma"))
+      fma = cls._fma_config(m_rows, out_features, in_features)
+      dot = replace(cls._dot_tiles(shape, dtype), word_loads=False)
+      if m_rows <= 4:
+        # Keep the fma accumulator at ~4096 floats per program (block_m x 16 x 4 groups).
+        fma = replace(fma, block_groups=max(4, 64 // fma.block_m))
+        out += [fma, replace(fma, block_n=32), replace(fma, split_k=fma.split_k * 2),
+                replace(fma, split_k=max(1, fma.split_k // 2))]
+      out += [dot, replace(dot, block_groups=32, split_k=dot.split_k * 2),
+              replace(dot, split_k=max(1, dot.split_k // 2)),
+              replace(dot, split_k=dot.split_k * 2), replace(dot, word_loads=True)]
     else:
-      out += [replace(base, block_groups=base.block_groups * 2),
-              replace(base, num_stages=4),
-              replace(base, method="decode")]
+      dot = cls._dot_tiles(shape, dtype)
+      out += [dot, replace(dot, block_groups=dot.block_groups * 2),
+              replace(dot, num_stages=4), cls(method="decode")]
       if m_rows >= 256:
         out += [cls(block_m=128, block_n=256, block_groups=16, num_warps=8, num_stages=3),
-                cls(block_m=256, block_n=128, block_groups=16, num_warps=8, num_stages=3),
                 cls(block_m=128, block_n=128, block_groups=16, num_warps=8, num_stages=4)]
     unique = []
     for config in out:

@@ -217,7 +217,10 @@ def ternary_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype,
   """``(grad_y * scale) @ t``: ``(M, out) -> (M, in)``, reading the packed codes."""
   m_rows, out_features = grad_y.shape
   in_features = 4 * (packed.shape[1] // 3)
-  config = _matmul_config(config, (m_rows, in_features, out_features), grad_y.dtype)
+  shape = (m_rows, in_features, out_features)
+  if check_config(config, MatmulConfig) is None or config.method != "dot":
+    # Only dot tiles exist for the input gradient (the fma / decode heuristics do not apply).
+    config = MatmulConfig.get_input_grad_heuristics_config(shape, grad_y.dtype)
   compute_dtype, precision = _dot_setup(grad_y.dtype, grad_y.dtype, config.allow_tf32)
   n_groups = in_features // 4
   kernel = functools.partial(
