@@ -66,13 +66,17 @@ def gradient_case(pop, shape, rank, implementation, repeats):
 
 # Tile configs screened by ``--sweep`` (the first is the default).
 SWEEP = (dict(), dict(block_rows=128, block_cols=128, block_k=32, num_warps=8, num_stages=3),
-         dict(block_rows=128, block_cols=256, block_k=32, num_warps=8, num_stages=3),
-         dict(block_rows=128, block_cols=128, block_k=64, num_warps=4, num_stages=3),
-         dict(block_rows=128, block_cols=256, block_k=64, num_warps=8, num_stages=2),
-         dict(block_rows=64, block_cols=256, block_k=32, num_warps=4, num_stages=4),
-         dict(operand_dtype="bfloat16"),
+         dict(block_rows=128, block_cols=128, block_k=32, num_warps=8, num_stages=4),
+         dict(block_rows=128, block_cols=256, block_k=32, num_warps=8, num_stages=4),
+         dict(block_rows=256, block_cols=128, block_k=32, num_warps=8, num_stages=3),
+         dict(block_rows=128, block_cols=128, block_k=64, num_warps=8, num_stages=3),
          dict(operand_dtype="bfloat16", block_rows=128, block_cols=256, block_k=64,
-              num_warps=8, num_stages=3))
+              num_warps=8, num_stages=3),
+         dict(operand_dtype="bfloat16", block_rows=128, block_cols=256, block_k=64,
+              num_warps=8, num_stages=4),
+         dict(operand_dtype="bfloat16", block_rows=128, block_cols=128, block_k=64,
+              num_warps=4, num_stages=4),
+         dict(operand_dtype="bfloat16", xla_gemm=True))
 
 
 def sweep_case(pop, shape, rank, implementation, calls):

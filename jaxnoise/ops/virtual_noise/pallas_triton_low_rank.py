@@ -260,6 +260,8 @@ def low_rank_input_grad(grad_out, weight, seeds, sigma, offset, *, kind, antithe
 # a (rows, k) . b (cols, k) contracted over k -> (rows, cols): both operands K-major,
 # the one layout Hopper's wgmma takes for 32-bit (TF32) operands without a transpose.
 _DIMS_NT = (((1,), (1,)), ((), ()))
+# Individuals per contraction are a multiple of this (zero-weight padding).
+_K_ALIGN = 64
 
 
 def _tile_products_kernel(a_ref, b_ref, out_ref, *, n_k: int, n_rows: int, n_cols: int,
@@ -272,23 +274,37 @@ def _tile_products_kernel(a_ref, b_ref, out_ref, *, n_k: int, n_rows: int, n_col
   block_rows, block_cols, block_k = config.block_rows, config.block_cols, config.block_k
   row0 = pl.program_id(0) * block_rows
   col0 = pl.program_id(1) * block_cols
+  # Masks only where a dimension is ragged (static): unmasked loads vectorise fully.
   rows_ok = (row0 + jax.lax.iota(jnp.int32, block_rows)) < n_rows
   cols_ok = (col0 + jax.lax.iota(jnp.int32, block_cols)) < n_cols
+  ragged_rows, ragged_cols, ragged_k = n_rows % block_rows, n_cols % block_cols, n_k % block_k
+
+  def load(ref, start, size, ok, k0, k_ok):
+    window = ref.at[pl.ds(start, size), pl.ds(k0, block_k)]
+    mask = None
+    if ok is not None:
+      mask = jnp.broadcast_to(ok[:, None], (size, block_k))
+    if k_ok is not None:
+      mask = k_ok[None, :] if mask is None else mask & k_ok[None, :]
+    if mask is None:
+      return _pallas.load(window)
+    return _pallas.load(window, mask=jnp.broadcast_to(mask, (size, block_k)), other=0)
 
   def step(index, acc):
     k0 = index * block_k
-    k_ok = (k0 + jax.lax.iota(jnp.int32, block_k)) < n_k
-    a = _pallas.load(a_ref.at[pl.ds(row0, block_rows), pl.ds(k0, block_k)],
-                     mask=rows_ok[:, None] & k_ok[None, :], other=0)
-    b = _pallas.load(b_ref.at[pl.ds(col0, block_cols), pl.ds(k0, block_k)],
-                     mask=cols_ok[:, None] & k_ok[None, :], other=0)
+    k_ok = (k0 + jax.lax.iota(jnp.int32, block_k)) < n_k if ragged_k else None
+    a = load(a_ref, row0, block_rows, rows_ok if ragged_rows else None, k0, k_ok)
+    b = load(b_ref, col0, block_cols, cols_ok if ragged_cols else None, k0, k_ok)
     return acc + jax.lax.dot_general(a, b, _DIMS_NT, precision=precision,
                                      preferred_element_type=_F32)
 
   acc = jax.lax.fori_loop(0, pl.cdiv(n_k, block_k), step,
                           jnp.zeros((block_rows, block_cols), _F32))
-  _pallas.store(out_ref.at[pl.ds(row0, block_rows), pl.ds(col0, block_cols)], acc,
-                mask=rows_ok[:, None] & cols_ok[None, :])
+  window = out_ref.at[pl.ds(row0, block_rows), pl.ds(col0, block_cols)]
+  if ragged_rows or ragged_cols:
+    _pallas.store(window, acc, mask=rows_ok[:, None] & cols_ok[None, :])
+  else:
+    _pallas.store(window, acc)
 
 
 def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=False):
@@ -360,7 +376,12 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
                                                  kind.scale * kind.scale / rank ** 0.5,
                                                  apart=interpret)
   n = pair_seeds.shape[0]
-  chunk = reference.chunk_size_for(n, width * rank, config.chunk)
+  # Whole multiples of _K_ALIGN individuals per contraction: the operands' rows
+  # (chunk * r long) stay 16-byte aligned and the kernel's steps need no mask.
+  # Padded individuals weigh zero, so they add exact zeros.
+  chunk = min(reference.chunk_size_for(n, width * rank, config.chunk), n)
+  chunk = (-(-chunk // _K_ALIGN) * _K_ALIGN if chunk == n
+           else max(_K_ALIGN, chunk // _K_ALIGN * _K_ALIGN))
   operand_dtype = jnp.dtype(config.operand_dtype)
   high = not noise_lib.fits_32_bits(kind, offset, rank * width)
   iota = lambda start, count: start + jax.lax.broadcasted_iota(_U32, (1, count), 1)
@@ -384,7 +405,8 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
     return jax.lax.optimization_barrier(contract(*jax.lax.optimization_barrier((a, b))))
 
   if chunk >= n:
-    total = partial(weights, pair_seeds)
+    pad = chunk - n
+    total = partial(jnp.pad(weights, (0, pad)), jnp.pad(pair_seeds, (0, pad)))
   else:
     total = reference._sum_chunks(  # pylint: disable=protected-access
         partial, chunk, n, jnp.zeros((hi - lo, in_features), _F32), weights, pair_seeds)
