@@ -194,7 +194,7 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
                                         implementation, variant)))
     for rank in (1, 4):
       for optimizer in ("sgd", "adam"):
-        for operand in ("float32", "bfloat16"):
+        for operand in ("float32", "bfloat16", "bfloat16 cublas"):
           cases.append((f"es step {dtype_name} {kinds[0]} rank={rank} {optimizer} "
                         f"grad operands {operand}",
                         functools.partial(_step_case, setup, rank, kinds[0], dtype, optimizer,
@@ -320,7 +320,9 @@ def _step_case(setup, rank, kind, dtype, optimizer_name, implementation, operand
   optimizer = optax.sgd(1e-3) if optimizer_name == "sgd" else optax.adam(1e-3)
   weight = jnp.array(data["w"], copy=True)  # donated by the step
   opt_state = optimizer.init(weight)
-  gradient_config = config_lib.LowRankGradientConfig(operand_dtype=operand_dtype)
+  # "<dtype> cublas": one XLA GEMM per chunk (xla_gemm) instead of the fixed-order tiles.
+  gradient_config = config_lib.LowRankGradientConfig(
+      operand_dtype=operand_dtype.split()[0], xla_gemm=operand_dtype.endswith("cublas"))
 
   def step(weight, opt_state, x, seeds):
     y = jaxnoise.virtual_perturbed_linear(
