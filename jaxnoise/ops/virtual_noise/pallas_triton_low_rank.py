@@ -401,6 +401,10 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
     q_b = noise_lib.unscaled_noise(seed_c, b_hi.T[:, None], b_lo.T[:, None], kind, high_word=high)
     a = (q_a * w_c[None, :, None]).astype(operand_dtype).reshape(hi - lo, -1)
     b = q_b.astype(operand_dtype).reshape(in_features, -1)
+    if config.xla_gemm:
+      # No fixed order to protect: XLA may fuse the update into the GEMM's epilogue
+      # (cuBLAS beta-add / Triton GEMM fusion), which saves a pass over the gradient.
+      return contract(a, b)
     # Materialised operands and result: XLA fuses nothing into or out of the contraction.
     return jax.lax.optimization_barrier(contract(*jax.lax.optimization_barrier((a, b))))
 
