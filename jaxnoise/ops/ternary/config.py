@@ -193,10 +193,12 @@ class CounterUpdateConfig:
     """A default for an ``(out, in)`` gradient of ``dtype``.
 
     The update is memory-bound at ~40 instructions per weight, so each thread
-    holds ~4 groups (16 weights: few registers, many resident warps), a row
-    is one program up to 8192 inputs (16 warps beyond), and ragged rows are
-    cut into a power-of-2 chunk and a tail (``in = 2304``: 2048 + 256
-    inputs) instead of being masked up to the next power of 2.
+    holds ~4 groups (16 weights: few registers, many resident warps) up to 8
+    warps, a row is one program up to 16384 inputs (two passes beyond), and
+    ragged rows are cut into a power-of-2 chunk and a tail (``in = 2304``:
+    2048 + 256 inputs) instead of being masked up to the next power of 2.
+    Warps follow the compiled sweep (H200, jax 0.11.2, 2026-12-01,
+    ``benchmarks/results/2026-12-01-h200-s5/ternary_run2``).
 
     Example:
       >>> config = CounterUpdateConfig.get_heuristics_config((4096, 4096))
@@ -213,7 +215,13 @@ class CounterUpdateConfig:
     block_rows = max(1, min(next_power_of_2(out_features), 1024 // block_groups))
     config = cls(block_rows=block_rows, block_groups=block_groups, tail_groups=tail_groups)
     chunks = config.row_chunks(groups)
-    num_warps = _warps_for(block_rows * chunks[0][1], 4)
+    # At most 8 warps: 8192x8192 float32 162.9 us (62.1% of copy bandwidth) with 8 against
+    # 231.5 us (43.7%) with 16; bfloat16 154.9 vs 159.9 us (41.5% vs 40.2%).
+    num_warps = min(8, _warps_for(block_rows * chunks[0][1], 4))
+    if len(chunks) > 1:
+      # A chunk and a tail: fewer threads replicate less of the tail. 1536x2304 float32:
+      # 2 warps 25.3 us (21.1%) against 27.1 us (19.7%) with 4.
+      num_warps = max(1, num_warps // 2)
     config = dataclasses.replace(config, num_warps=num_warps, num_stages=1)
     # Word units (16 codes) are cheaper per weight, but a chunk smaller than the
     # program's threads is replicated across them: pick the layout with the lower
@@ -302,12 +310,13 @@ class FromIOConfig:
     Rows up to ``in = 512`` fit one tile (a single fused kernel). Longer
     rows use ``64 x 128`` tiles in two kernels (statistics, then a
     recomputing update), each a GEMM over ``M`` in steps of ``block_m`` with
-    ``out / 64 * in / 128`` programs.
+    ``out / 64 * in / 128`` programs; ``128 x 256`` tiles with 8 warps from
+    ``M = 4096`` (16-bit inputs).
 
     Example:
       >>> config = FromIOConfig.get_heuristics_config((4096, 4096, 4096), "bfloat16")
       >>> config.fused(4096), config.block_rows, 4 * config.block_groups
-      (False, 64, 128)
+      (False, 128, 256)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     groups = max(1, in_features // 4)
@@ -318,6 +327,12 @@ class FromIOConfig:
       block_groups = max(4, next_power_of_2(groups))
       return cls(block_rows=16, block_groups=block_groups, block_m=block_m,
                  num_warps=_warps_for(4 * 16 * block_groups, 32), num_stages=3)
+    if m_rows >= 4096 and itemsize <= 2:
+      # 128 x 256 tiles, 8 warps at large M (fewer re-reads of x and grad_out): at M=4096
+      # 4096^2 bfloat16 493 us (2.54x of GEMM + update) against 666 us (3.44x) for the
+      # 64 x 128 tiles. Smaller M not swept; it keeps 64 x 128 (M=1024: 1.73-1.81x).
+      return cls(block_rows=max(16, min(128, next_power_of_2(out_features))), block_groups=64,
+                 block_m=block_m, num_warps=8, num_stages=3)
     # 64 x 128 tiles, 4 warps: 128 registers and no spills in either kernel (sm_90,
     # offline); 128 x 128 spills a little in the update kernel (a sweep candidate).
     block_rows = max(16, min(64, next_power_of_2(out_features)))
@@ -330,7 +345,9 @@ class FromIOConfig:
     base = cls.get_heuristics_config(shape, dtype)
     out = [base]
     if not base.fused(int(shape[2])):
-      out += [dataclasses.replace(base, block_rows=128, block_groups=32, num_warps=8),
+      out += [dataclasses.replace(base, block_rows=64, block_groups=32, num_warps=4),
+              dataclasses.replace(base, block_rows=128, block_groups=64, num_warps=8),
+              dataclasses.replace(base, block_rows=128, block_groups=32, num_warps=8),
               dataclasses.replace(base, block_rows=64, block_groups=64, block_m=32,
                                   num_warps=8),
               dataclasses.replace(base, block_m=32, num_stages=4),
@@ -345,8 +362,6 @@ class FromIOConfig:
 MATMUL_METHODS = ("dot", "fma", "decode")
 # Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
 _GEMV_PROGRAMS = 512
-# Programs of the M = 1 fma tiles: 4096 (512 x split 8 at 8192^2) measured best (64.8 us).
-_FMA_PROGRAMS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -410,57 +425,73 @@ class MatmulConfig:
                             ) -> "MatmulConfig":
     """A default for ``(M, out, in)`` and ``x``'s ``dtype``.
 
-    The choices follow the first compiled sweep (H200, jax 0.11.2, 2026-12-01,
-    ``benchmarks/results/2026-12-01-h200-s5/ternary``; bfloat16 ``x``):
+    The choices follow the compiled sweeps (H200, jax 0.11.2, 2026-12-01,
+    ``benchmarks/results/2026-12-01-h200-s5/ternary`` and ``ternary_run2``;
+    bfloat16 ``x``, times against a dense bf16 matmul of the same shape):
 
-    * ``M = 1``: CUDA-core ``"fma"`` tiles of 16 output units, 256 inputs per
-      step, ``in`` split for ~4096 programs: 64.8 us at 8192^2, against
-      151-167 us for the 16-row dot tiles (a dense bf16 matmul: 34 us).
-    * ``2 <= M <= 16``: 16-row dot tiles split along ``in`` for ~512 programs,
-      codes read as bytes: ``word_loads=False`` measured 108 us (M=1) and
-      99 us (M=16) at 8192^2 against 150-194 us with words.
-    * ``16 < M < 256``: GEMM tiles, split along ``in`` (not measured yet).
-    * ``M >= 256`` (or float32 ``x`` beyond ``M = 16``): ``"decode"`` (Pallas
-      decode to a dense temporary, then XLA's GEMM): 53-62 us at M=256 4096^2
-      vs 116-125 us for the dot tiles, 98 vs 320 us at M=256 8192^2, 244 vs
-      885 us at M=1024 8192^2 (0.71-1.00x of a dense bf16 matmul).
+    * ``M = 1``: CUDA-core ``"fma"`` tiles of 32 output units, 256 inputs per
+      step, ``in`` split 4 ways: 34.1 us at 4096^2 (0.93x) and 64.2 us at
+      8192^2 (0.64x), the best of both sweeps.
+    * ``2 <= M <= 16``: 16-row dot tiles, codes read as bytes, ``in`` split
+      16 ways at 4096 (M=4: 39.4 us, 0.95x) and 8 ways with 128 inputs per
+      step at 8192 (M=4: 87.9 us, 0.42x) up to ``M = 4``; split 8 ways beyond
+      (M=16: 41.2 us at 4096^2, 1.01x; 94.1 us at 8192^2, 0.56x).
+    * ``16 < M < 64``: GEMM tiles, split along ``in`` (not measured).
+    * ``M >= 64`` (or float32 ``x`` beyond ``M = 16``): ``"decode"`` (Pallas
+      decode to a dense temporary, then XLA's GEMM): 48.8 us at M=64 4096^2
+      (1.00x) vs 53.6 us for the dot tiles, 53-62 us at M=256 4096^2 vs
+      116-125 us, 244 vs 885 us at M=1024 8192^2 (0.71-1.00x).
 
     Example:
       >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
       >>> config.method, config.block_n, config.split_k
-      ('fma', 16, 16)
-      >>> MatmulConfig.get_heuristics_config((256, 4096, 4096), "bfloat16").method
+      ('fma', 32, 4)
+      >>> MatmulConfig.get_heuristics_config((64, 4096, 4096), "bfloat16").method
       'decode'
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     itemsize = jnp.dtype(dtype).itemsize
     if m_rows == 1:
-      # fma at M=1: 64.8 us vs 151-167 us (dot, 16 rows of which 15 padding) at 8192^2.
       # The float32 products are the same for any x dtype (x is cast in registers).
       return cls._fma_config(m_rows, out_features, in_features)
-    if m_rows >= 256 or (m_rows > 16 and itemsize >= 4):
-      # decode + XLA GEMM: 2.0-3.6x faster than the dot tiles at M = 256 / 1024
-      # (4096^2: 53-62 vs 116-125 us, 98 vs 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us).
-      # Exact float32 GEMM tiles spill; XLA's float32 GEMM on the decoded t is exact too.
+    if m_rows >= 64 or (m_rows > 16 and itemsize >= 4):
+      # decode + XLA GEMM: M=64 4096^2 48.8 vs 53.6 us (dot tiles, split 4); 2.0-3.6x
+      # faster than the dot tiles at M = 256 / 1024 (4096^2: 53-62 vs 116-125 us, 98 vs
+      # 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us). Exact float32 GEMM tiles spill;
+      # XLA's float32 GEMM on the decoded t is exact too.
       return cls(method="decode")
     config = cls._dot_tiles(shape, dtype)
     if m_rows <= 16:
-      # Bytes beat words here: 108 us (M=1) and 99 us (M=16) at 8192^2 vs 150-194 us.
+      # Bytes beat words here: 41.2 vs 63.1 us (M=16 4096^2, split 8), 105.3 vs 152.9 us
+      # (M=16 8192^2, split 4).
       config = dataclasses.replace(config, word_loads=False)
+      if itemsize <= 2:
+        if m_rows <= 4 and in_features <= 4096:
+          # M=4 4096^2: split 16 (one 256-input step per program) 39.4 us vs 42.1 (8), 43.5 (4).
+          block_groups, split = 64, 16
+        elif m_rows <= 4:
+          # M=4 8192^2: 128 inputs per step, split 8: 87.9 us vs 91.6 (256 inputs, split 4).
+          block_groups, split = 32, 8
+        else:
+          # M=16: split 8: 41.2 us at 4096^2 (vs 42.9 split 16), 94.1 us at 8192^2 (vs 105.3
+          # split 4, 95.4 split 2).
+          block_groups, split = 64, 8
+        steps = max(1, -(-max(1, in_features // 4) // block_groups))
+        config = dataclasses.replace(config, block_groups=block_groups, split_k=min(steps, split))
     return config
 
   @classmethod
   def _fma_config(cls, m_rows: int, out_features: int, in_features: int) -> "MatmulConfig":
-    """CUDA-core tiles: 16 outputs x 256 inputs per step, ~4096 programs.
+    """CUDA-core tiles: 32 outputs x 256 inputs per step, ``in`` split 4 ways.
 
-    At 8192^2 this is the measured best (``split_k=8``: 512 x 8 programs).
+    The measured best at M=1 for both 4096^2 (34.1 us; 40.6 us for the
+    earlier 16-output, ~4096-program tiles) and 8192^2 (64.2 vs 67.0 us).
     """
+    del out_features  # Split 4 was best at out = 4096 and 8192 alike.
     block_groups = 64
     steps = max(1, -(-max(1, in_features // 4) // block_groups))
-    n_blocks = -(-out_features // 16)
-    split = min(steps, next_power_of_2(max(1, _FMA_PROGRAMS // n_blocks)))
-    return cls(block_m=next_power_of_2(m_rows), block_n=16, block_groups=block_groups,
-               num_warps=4, num_stages=3, split_k=split, method="fma")
+    return cls(block_m=next_power_of_2(m_rows), block_n=32, block_groups=block_groups,
+               num_warps=4, num_stages=3, split_k=min(steps, 4), method="fma")
 
   @classmethod
   def _dot_tiles(cls, shape: Sequence[int], dtype: Any) -> "MatmulConfig":
@@ -518,11 +549,12 @@ class MatmulConfig:
     replace = dataclasses.replace
     if m_rows <= 16:
       fma = cls._fma_config(m_rows, out_features, in_features)
-      dot = replace(cls._dot_tiles(shape, dtype), word_loads=False)
+      dot = base if base.method == "dot" else replace(cls._dot_tiles(shape, dtype),
+                                                      word_loads=False)
       if m_rows <= 4:
-        # Keep the fma accumulator at ~4096 floats per program (block_m x 16 x 4 groups).
+        # Keep the fma products at ~8192 floats per program (block_m x 32 x 4 * block_groups).
         fma = replace(fma, block_groups=max(4, 64 // fma.block_m))
-        out += [fma, replace(fma, block_n=32), replace(fma, split_k=fma.split_k * 2),
+        out += [fma, replace(fma, block_n=16), replace(fma, split_k=fma.split_k * 2),
                 replace(fma, split_k=max(1, fma.split_k // 2))]
       out += [dot, replace(dot, block_groups=32, split_k=dot.split_k * 2),
               replace(dot, split_k=max(1, dot.split_k // 2)),
