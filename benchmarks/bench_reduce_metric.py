@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
+from bench_virtual_noise import pure_jax_reduce_metric  # noqa: E402
 import jaxnoise  # noqa: E402
 from jaxnoise import noise as noise_lib  # noqa: E402
 from jaxnoise.ops.virtual_noise import config as config_lib  # noqa: E402
@@ -65,7 +66,7 @@ def bench_shape(pop, n_params, kind, *, implementation, offset, repeats):
   op = functools.partial(jaxnoise.virtual_reduce_metric, sigma=0.1, offset=offset, kind=kind)
   reference = jax.jit(functools.partial(op, implementation="reference"))
   expected = np.asarray(reference(center, seeds), np.float64)
-  vmapped = jax.jit(functools.partial(_vmapped_pure_jax, sigma=0.1, offset=offset, kind=kind))
+  vmapped = jax.jit(functools.partial(pure_jax_reduce_metric, sigma=0.1, offset=offset, kind=kind))
   baselines = {"reference (lax.map)": reference, "vmap (one fusion)": vmapped}
   walls, busys = {}, {}
   for name, fn in baselines.items():
@@ -109,20 +110,6 @@ def bench_shape(pop, n_params, kind, *, implementation, offset, repeats):
             f"  {name:<24} {entry.get('error') or 'excluded, deviation %.3g' % entry['deviation']}")
     print(line, flush=True)
   return result
-
-
-def _vmapped_pure_jax(center, seeds, *, sigma, offset, kind):
-  """``mean_k |center[k] + sigma noise_i[k]|`` by ``vmap`` over individuals (one fusion)."""
-  kind = noise_lib.get_kind(kind)
-  n = center.shape[0]
-  hi, lo = noise_lib.block_index(offset, (n,))
-  high = not noise_lib.fits_32_bits(kind, offset, n)
-
-  def individual(seed):
-    noise = noise_lib.noise_at(seed, hi, lo, kind, high_word=high)
-    return jnp.mean(jnp.abs(center + sigma * noise))
-
-  return jax.vmap(individual)(seeds)
 
 
 def main(argv=None):
