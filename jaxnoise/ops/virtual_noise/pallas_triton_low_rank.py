@@ -281,13 +281,10 @@ def _tile_products_kernel(a_ref, b_ref, out_ref, *, n_k: int, n_rows: int, n_col
 
   def load(ref, start, size, ok, k0, k_ok):
     window = ref.at[pl.ds(start, size), pl.ds(k0, block_k)]
-    mask = None
-    if ok is not None:
-      mask = jnp.broadcast_to(ok[:, None], (size, block_k))
-    if k_ok is not None:
-      mask = k_ok[None, :] if mask is None else mask & k_ok[None, :]
-    if mask is None:
+    masks = ([] if ok is None else [ok[:, None]]) + ([] if k_ok is None else [k_ok[None, :]])
+    if not masks:
       return _pallas.load(window)
+    mask = masks[0] if len(masks) == 1 else masks[0] & masks[1]
     return _pallas.load(window, mask=jnp.broadcast_to(mask, (size, block_k)), other=0)
 
   def step(index, acc):
@@ -354,9 +351,10 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
   factor value once per tile of the other side: with 128-wide tiles that is
   ``pop * r * out * in / 64`` hashes against ``2 * pop * r * out * in`` GEMM
   flops, several times the GEMM's own time on an H200. So XLA materialises
-  ``a = w q_A`` ``(chunk * r, out)`` and ``b = q_B`` ``(chunk * r, in)`` (the
-  integer-valued factors, hashed once; ``w`` the folded fitness times the
-  scales) a chunk of the population at a time, and the kernel contracts them
+  ``a = w q_A`` ``(out, chunk * r)`` and ``b = q_B`` ``(in, chunk * r)``
+  (K-major; the integer-valued factors, hashed once; ``w`` the folded fitness
+  times the scales) a chunk of the population at a time, ``chunk`` a multiple
+  of ``_K_ALIGN`` (zero-weight padding), and the kernel contracts them
   over whole tiles whose summation order is fixed by ``config``
   (``config.xla_gemm``: one XLA GEMM per chunk instead). ``rows=(row0, n)``
   forms only those rows (:mod:`jaxnoise.parallel`) from the tiles that cover
