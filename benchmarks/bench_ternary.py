@@ -50,6 +50,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import re
 import statistics
 import sys
 import time
@@ -60,6 +61,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxnoise.ops.ternary import config as config_lib  # noqa: E402
 from jaxnoise.ops.ternary import pallas_triton as elementwise  # noqa: E402
 from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels  # noqa: E402
@@ -69,6 +72,20 @@ from jaxnoise.ops.ternary import reference  # noqa: E402
 C = 11
 HYPER = (0.05, 1e-3, 0.99, 1e-8)  # lr, lr_scale, rms_beta, rms_eps
 L2_BYTES = 50 * 2**20  # H200: 50 MiB; weight copies per group cover >= 2x this.
+
+
+def _before_matmul(path: str):
+  """The packed-matmul kernel module at ``path`` (a frozen copy), imported once."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if path not in _BEFORE:
+    spec = importlib.util.spec_from_file_location("before_ternary_matmul", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _BEFORE[path] = module
+  return _BEFORE[path]
+
+
+_BEFORE: dict = {}
 
 
 def _baseline():
@@ -421,6 +438,8 @@ def check_cases(quick: bool) -> list[tuple]:
 
 def part_check(args, budget, out) -> None:
   for name, fn, kwargs in check_cases(args.quick):
+    if args.only and not re.search(args.only, name):
+      continue
     if not budget.allows(name):
       continue
     out[name] = _guard(fn, interpret=args.quick, **kwargs)
@@ -498,6 +517,10 @@ def _describe_time(row, copy_bps=None) -> str:
   if "seconds" not in row:
     return str(row)[:160]
   text = f"{row['seconds'] * 1e6:9.1f} us"
+  if "device_s" in row:
+    text += f" ({row['device_s'] * 1e6:7.1f} us device)"
+  if "device_speedup_vs_bf16" in row:
+    text += f"  {row['device_speedup_vs_bf16']:.2f}x of bf16 (device)"
   if "fraction_of_copy" in row:
     text += f"  {100 * row['fraction_of_copy']:5.1f}% of copy"
   if "speedup_vs_bf16" in row:
@@ -511,26 +534,47 @@ def _describe_time(row, copy_bps=None) -> str:
 # Part: packed matmul.
 
 
+def session5_matmul_config(shape):
+  """The session-5 heuristic of the packed matmul (for ``--before-matmul``'s frozen kernels)."""
+  m_rows, out_features, in_features = shape
+  M = config_lib.MatmulConfig
+  if m_rows == 1:
+    return M(block_m=1, block_n=32, block_groups=64, split_k=4, method="fma")
+  if m_rows >= 64:
+    return M(method="decode")
+  if m_rows <= 4 and in_features <= 4096:
+    return M(block_m=16, block_n=64, block_groups=64, split_k=16, word_loads=False)
+  if m_rows <= 4:
+    return M(block_m=16, block_n=64, block_groups=32, split_k=8, word_loads=False)
+  return M(block_m=16, block_n=64, block_groups=64, split_k=8, word_loads=False)
+
+
 def matmul_sweep_configs(shape) -> list:
   """The heuristic, then the fma grid and the dot tiles, most likely first."""
   m_rows = shape[0]
   M = config_lib.MatmulConfig
   base = M.get_heuristics_config(shape, jnp.bfloat16)
   block_m = config_lib.next_power_of_2(m_rows)
-  # (block_n, split_k, block_groups) around the measured best at M=1 8192^2 (16, 8, 64).
-  grid = [(16, 8, 64), (16, 16, 64), (16, 4, 64), (32, 8, 64), (16, 8, 32), (32, 16, 64),
-          (16, 16, 32), (32, 8, 32), (64, 8, 64), (32, 4, 64), (64, 16, 64), (16, 4, 32),
-          (32, 16, 32), (64, 8, 32), (64, 4, 64), (32, 4, 32), (64, 16, 32), (64, 4, 32)]
-  # Rows > 1 scale the inputs per step down: the fma accumulator is block_m x block_n x 4 groups.
-  fma = [M(block_m=block_m, block_n=n, block_groups=max(4, g // block_m), num_warps=4,
-           num_stages=3, split_k=k, method="fma") for n, k, g in grid]
-  dot = [c for c in M.candidates(shape, jnp.bfloat16) if c.method == "dot"]
+  # (block_n, block_groups, split_k, num_warps, prefetch) around session 6 run 2's best fma
+  # tiles (8, 128-256, 4-8), then deeper steps, which prefetching should help most.
+  fma_grid = [(8, 128, 8, 4, True), (8, 256, 4, 4, False), (8, 128, 8, 4, False),
+              (8, 256, 4, 8, True), (8, 512, 4, 4, True), (8, 512, 2, 4, True),
+              (16, 128, 8, 4, True), (4, 256, 4, 2, True), (16, 512, 2, 8, True),
+              (8, 1024, 2, 4, True), (8, 256, 2, 4, True), (16, 256, 4, 8, True)]
+  fma = [M(block_m=block_m, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k,
+           method="fma", prefetch=pre) for n, g, k, w, pre in fma_grid]
+  # (block_n, block_groups, split_k, num_warps, prefetch) of 16-row dot tiles on words.
+  dot_grid = [(32, 128, 16, 4, True), (32, 128, 8, 4, False), (32, 128, 16, 4, False),
+              (32, 128, 4, 4, True), (64, 128, 16, 4, True), (32, 256, 8, 4, True),
+              (32, 256, 4, 4, True), (64, 128, 8, 4, True), (32, 128, 16, 8, True)]
+  dot = [M(block_m=16, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k,
+           prefetch=pre) for n, g, k, w, pre in dot_grid]
   if m_rows == 1:
-    out = [base] + fma + dot
+    out = [base] + fma + dot[:2]
   elif m_rows <= 4:
-    out = [base] + dot[:2] + fma[:6] + dot[2:] + fma[6:12]
+    out = [base] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
   elif m_rows <= 16:
-    out = [base] + dot + fma[:4]
+    out = [base] + dot
   else:
     out = [base] + [c for c in M.candidates(shape, jnp.bfloat16) if c.method != base.method][:3]
   return list(dict.fromkeys(out))
@@ -544,7 +588,10 @@ def part_matmul(args, budget, out) -> None:
       ([] if args.quick else [(64, (4096, 4096))])
   weights = {}
   for shape in shapes:
-    n_copies = _copies(shape[0] * shape[1] * 3 // 4, args.quick)
+    # One copy per call of a timed group: calls sharing a weight let XLA merge the dense
+    # GEMVs into one GEMM (session 6: 8192^2 M=1 at 8.7 TB/s with 2 copies).
+    n_copies = max(_copies(shape[0] * shape[1] * 3 // 4, args.quick),
+                   1 if args.quick else args.inner)
     weights[shape] = [make_state(jax.random.key(10 + i), *shape)[:2] for i in range(n_copies)]
   rows = out["cases"] = {}
 
@@ -559,16 +606,24 @@ def part_matmul(args, budget, out) -> None:
         return {"excluded": True, **row}
     seconds = median_time(jitted, lambda: (xs, operands),
                           samples=args.samples)["median_s"] / args.inner
+    busy = _harness.device_busy(jitted, xs, operands, calls=3)
+    if busy is not None:  # Device busy time (CUPTI): no launch gaps, same on both sides.
+      row["device_s"] = busy["busy_ms"] / 1e3 / args.inner
+      row["kernels_ms"] = {k: v / args.inner for k, v in busy["kernels"].items()}
     return {"seconds": seconds, **row}
 
   bf16_seconds, y_refs = {}, {}
   per_case = {}
   for m_rows, shape in cases:
-    per_case[(m_rows, shape)] = ["bf16_matmul"] + \
-        matmul_sweep_configs((m_rows,) + shape)[: (2 if args.quick else None)]
+    configs = matmul_sweep_configs((m_rows,) + shape)[: (2 if args.quick else None)]
+    if args.before_matmul:  # The frozen kernels at their own heuristic, right after the new one.
+      configs.insert(1, ("before", session5_matmul_config((m_rows,) + shape)))
+    per_case[(m_rows, shape)] = ["bf16_matmul"] + configs
   for (m_rows, shape), config in _ranked(per_case):
     tag = f"M={m_rows} {shape[0]}x{shape[1]}"
-    name = f"{tag} {config if isinstance(config, str) else _short(config)}"
+    label = (config if isinstance(config, str) else
+             f"before {_short(config[1])}" if isinstance(config, tuple) else _short(config))
+    name = f"{tag} {label}"
     if not budget.allows(name):
       continue
     packs = weights[shape]
@@ -577,19 +632,24 @@ def part_matmul(args, budget, out) -> None:
       row = _guard(measure, m_rows, shape, lambda x, w: jnp.dot(
           x, w.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16), dense)
       del dense
-      bf16_seconds[(m_rows, shape)] = row.get("seconds")
+      bf16_seconds[(m_rows, shape)] = row if "seconds" in row else None
     else:
       if (m_rows, shape) not in y_refs:
         x0 = jax.random.normal(jax.random.key(100), (m_rows, shape[1]), jnp.bfloat16)
         y_refs[(m_rows, shape)] = reference.ternary_matmul_reference(
             x0, *packs[0], C=C, out_dtype=jnp.float32)
-      call = functools.partial(matmul_kernels.ternary_matmul, C=C, out_dtype=jnp.bfloat16,
+      kernels, label = matmul_kernels, ""
+      if isinstance(config, tuple):  # ("before", config): the frozen kernels of --before-matmul.
+        kernels, label, config = _before_matmul(args.before_matmul), "before ", config[1]
+      call = functools.partial(kernels.ternary_matmul, C=C, out_dtype=jnp.bfloat16,
                                config=config, interpret=interpret)
       row = _guard(measure, m_rows, shape, call, packs, y_refs[(m_rows, shape)])
-      row["config"] = _short(config)
+      row["config"] = label + _short(config)
       base = bf16_seconds.get((m_rows, shape))
       if row.get("seconds") and base:
-        row["speedup_vs_bf16"] = base / row["seconds"]
+        row["speedup_vs_bf16"] = base["seconds"] / row["seconds"]
+        if "device_s" in row and "device_s" in base:
+          row["device_speedup_vs_bf16"] = base["device_s"] / row["device_s"]
     rows[name] = row
     budget.report(f"{name:<100} {_describe_time(row)}")
 
@@ -640,7 +700,9 @@ def part_from_io(args, budget, out) -> None:
   inputs, dense_seconds, expected_of = {}, {}, {}
   for m_rows, config in _ranked(per_case):
     tag = f"M={m_rows} {out_features}x{in_features} bf16"
-    name = f"{tag} {config if isinstance(config, str) else _short(config)}"
+    label = (config if isinstance(config, str) else
+             f"before {_short(config[1])}" if isinstance(config, tuple) else _short(config))
+    name = f"{tag} {label}"
     if not budget.allows(name):
       continue
     if m_rows not in inputs:
@@ -703,6 +765,11 @@ def main(argv=None):
   parser.add_argument("--inner", type=int, default=None)
   parser.add_argument("--budget", type=float, default=1e9,
                       help="seconds after which no new case starts")
+  parser.add_argument("--only", default=None,
+                      help="check part: only the cases whose name matches this regex")
+  parser.add_argument("--before-matmul", default=None,
+                      help="matmul part: also time the packed-matmul module at this path "
+                           "(a frozen copy of the kernels) at its heuristic")
   parser.add_argument("--before", action="store_true",
                       help="update part: also time main's kernels (benchmarks/baseline_ternary)")
   args = parser.parse_args(argv)

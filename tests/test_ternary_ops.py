@@ -450,14 +450,16 @@ def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
   cases = [
       ((int(rng.integers(1, 9)) | 1,), None),
       ((2, 9), config(block_m=16, block_n=16, block_groups=16, num_warps=2, num_stages=2)),
-      ((3,), config(block_m=16, block_n=16, block_groups=4, num_warps=2, split_k=3)),
+      ((3,), config(block_m=16, block_n=16, block_groups=16, num_warps=2, split_k=3)),
       ((1,), config(block_m=1, block_n=4, block_groups=8, method="fma", split_k=2)),
       ((2, 1), config(block_m=2, block_n=8, block_groups=4, method="fma", word_loads=False)),
       ((5,), config(method="decode")),
+      ((2,), config(block_m=2, block_n=8, block_groups=8, method="fma", split_k=2,
+                    prefetch=False)),
   ]
-  # The heuristic, and two of the five other forms per dtype (all five over the three).
+  # The heuristic, and two of the six other forms per dtype (all six over the three).
   first = DTYPES.index(dtype) * 2
-  for batch_shape, config in [cases[0]] + [cases[1 + (first + k) % 5] for k in range(2)]:
+  for batch_shape, config in [cases[0]] + [cases[1 + (first + k) % 6] for k in range(2)]:
     x = cast(rng.normal(size=batch_shape + (in_features,)), dtype)
     y = ternary.ternary_matmul(x, packed, scale, C=C, implementation=implementation,
                                config=config)
@@ -483,7 +485,8 @@ def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   expected_method = {1: "fma", 4: "dot", 16: "dot", 256: "decode"}[m_rows]
   assert config.method == expected_method, config
   if config.method == "dot":
-    assert not config.word_loads, config  # bytes measured faster than words at M <= 16
+    # Words, 128 groups per step (session 6: the best dot tiles at M = 4 and 16).
+    assert config.word_loads and config.block_groups == 128, config
   y = matmul_kernels.ternary_matmul(x, packed, scale, C=C, out_dtype=jnp.float32,
                                     config=config, interpret=True)
   expected = reference.ternary_matmul_reference(x, packed, scale, C=C, out_dtype=jnp.float32)
@@ -698,6 +701,9 @@ def test_config_validation():
     config_lib.FromIOConfig(block_m=8)
   with pytest.raises(ValueError, match="block_n must be >= 16"):
     config_lib.MatmulConfig(block_n=8)
+  with pytest.raises(ValueError, match="block_groups must be >= 16 for method='dot'"):
+    config_lib.MatmulConfig(block_groups=8)
+  config_lib.MatmulConfig(block_m=1, block_n=4, block_groups=4, method="fma")  # fma: any size
 
 
 def _lowerings():
@@ -841,7 +847,7 @@ def test_tuning_matmul_selects_a_screened_config(rng):
   autotune.clear()
   _, packed, scale, _ = random_state(rng, 21, 16 * 5, 3)
   x = jnp.asarray(rng.normal(size=(3, 16 * 5)), jnp.float32)
-  split = config_lib.MatmulConfig(block_m=16, block_n=16, block_groups=4, split_k=2)
+  split = config_lib.MatmulConfig(block_m=16, block_n=16, block_groups=16, split_k=2)
   record = tuning.tune_matmul(x, packed, scale, C=3, implementation="interpret",
                               candidates=[None, split], repeats=1)
   assert {c.status for c in record.candidates} <= {"selected", "timed"}

@@ -276,7 +276,10 @@ class FromIOConfig:
       relative error in the gradient, so more codes round differently from
       the float32 reference); False uses exact float32 products.
     word_loads: read the codes as uint32 words (three per 16 codes) when
-      ``in % 16 == 0`` and ``block_groups >= 4``; else three bytes per 4.
+      ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
+      else three bytes per 4.
+    prefetch: in the fma and dot tiles, load step ``i + 1``'s codes and ``x``
+      before step ``i``'s arithmetic (register double buffering).
   """
 
   block_rows: int = 32
@@ -386,7 +389,10 @@ class MatmulConfig:
       gradient always runs the dot tiles (with the heuristic tiles unless
       ``method="dot"``).
     word_loads: read the codes as uint32 words (three per 16 codes) when
-      ``in % 16 == 0`` and ``block_groups >= 4``; else three bytes per 4.
+      ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
+      else three bytes per 4.
+    prefetch: in the fma and dot tiles, load step ``i + 1``'s codes and ``x``
+      before step ``i``'s arithmetic (register double buffering).
   """
 
   block_m: int = 64
@@ -398,6 +404,7 @@ class MatmulConfig:
   split_k: int = 1
   method: str = "dot"
   word_loads: bool = True
+  prefetch: bool = True
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
@@ -410,13 +417,13 @@ class MatmulConfig:
         if getattr(self, name) < 16:
           raise ValueError(f"MatmulConfig.{name} must be >= 16 (Triton dot tiles), "
                            f"got {getattr(self, name)}")
-      if self.block_groups < 4:
-        raise ValueError(f"MatmulConfig.block_groups must be >= 4 (16 inputs per dot step) "
-                         f"for method='dot', got {self.block_groups}")
+      if self.block_groups < 16:
+        raise ValueError(f"MatmulConfig.block_groups must be >= 16 for method='dot' (each "
+                         f"code lane's dot contracts >= 16 units), got {self.block_groups}")
     if (not isinstance(self.split_k, int) or isinstance(self.split_k, bool)
         or self.split_k < 1):
       raise ValueError(f"MatmulConfig.split_k must be a positive int, got {self.split_k!r}")
-    for name in ("allow_tf32", "word_loads"):
+    for name in ("allow_tf32", "word_loads", "prefetch"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"MatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -461,36 +468,26 @@ class MatmulConfig:
       # XLA's float32 GEMM on the decoded t is exact too.
       return cls(method="decode")
     config = cls._dot_tiles(shape, dtype)
-    if m_rows <= 16:
-      # Bytes beat words here: 41.2 vs 63.1 us (M=16 4096^2, split 8), 105.3 vs 152.9 us
-      # (M=16 8192^2, split 4).
-      config = dataclasses.replace(config, word_loads=False)
-      if itemsize <= 2:
-        if m_rows <= 4 and in_features <= 4096:
-          # M=4 4096^2: split 16 (one 256-input step per program) 39.4 us vs 42.1 (8), 43.5 (4).
-          block_groups, split = 64, 16
-        elif m_rows <= 4:
-          # M=4 8192^2: 128 inputs per step, split 8: 87.9 us vs 91.6 (256 inputs, split 4).
-          block_groups, split = 32, 8
-        else:
-          # M=16: split 8: 41.2 us at 4096^2 (vs 42.9 split 16), 94.1 us at 8192^2 (vs 105.3
-          # split 4, 95.4 split 2).
-          block_groups, split = 64, 8
-        steps = max(1, -(-max(1, in_features // 4) // block_groups))
-        config = dataclasses.replace(config, block_groups=block_groups, split_k=min(steps, split))
+    if m_rows <= 16 and itemsize <= 2:
+      # Session 6 run 1 (device time): 32 outputs x 512 inputs per step in words, split 8:
+      # M=4 17.7 / 46.6 us at 4096^2 / 8192^2 (session-5 tiles 18.8 / 63.2), M=16 18.3 / 52.2
+      # (20.5 / 64.2).
+      steps = max(1, -(-max(1, in_features // 4) // 128))
+      config = cls(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
+                   split_k=min(steps, 8))
     return config
 
   @classmethod
   def _fma_config(cls, m_rows: int, out_features: int, in_features: int) -> "MatmulConfig":
-    """CUDA-core tiles: 32 outputs x 256 inputs per step, ``in`` split 4 ways.
+    """CUDA-core tiles: 8 outputs x 1024 inputs per step, ``in`` split 4 ways.
 
-    The measured best at M=1 for both 4096^2 (34.1 us; 40.6 us for the
-    earlier 16-output, ~4096-program tiles) and 8192^2 (64.2 vs 67.0 us).
+    Session 6 run 1 (device time): 11.5 us at 4096^2 and 29.2 us at 8192^2,
+    the best of 14 configs at both (session-5 tiles: 14.2 and 40.2 us).
     """
-    del out_features  # Split 4 was best at out = 4096 and 8192 alike.
-    block_groups = 64
+    del out_features  # The same config was best at out = 4096 and 8192.
+    block_groups = 256
     steps = max(1, -(-max(1, in_features // 4) // block_groups))
-    return cls(block_m=next_power_of_2(m_rows), block_n=32, block_groups=block_groups,
+    return cls(block_m=next_power_of_2(m_rows), block_n=8, block_groups=block_groups,
                num_warps=4, num_stages=3, split_k=min(steps, 4), method="fma")
 
   @classmethod
@@ -507,9 +504,9 @@ class MatmulConfig:
     itemsize = jnp.dtype(dtype).itemsize
     steps_of = lambda groups: max(1, -(-max(1, in_features // 4) // groups))
     if m_rows <= 16:
-      # float32 products are exact FMA tiles (no TF32): 32 outputs x 32 inputs per
-      # step keep them in registers (offline, sm_90: 126 registers, no spills).
-      block_n, groups = (64, 64) if itemsize <= 2 else (32, 8)
+      # float32 products are exact FMA tiles (no TF32): 32 outputs x 64 inputs per
+      # step (16 per code lane, the least a dot contracts).
+      block_n, groups = (64, 64) if itemsize <= 2 else (32, 16)
       n_blocks = -(-out_features // block_n)
       split = min(steps_of(groups), next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
       return cls(block_m=16, block_n=block_n, block_groups=groups, num_warps=4, num_stages=3,

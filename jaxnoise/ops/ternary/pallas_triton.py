@@ -89,7 +89,12 @@ def _tile_mask(row_mask, group_start, block_groups: int, n_groups: int):
 
 def _load_lanes(ref, row_start, block_rows: int, group_start, block_groups: int, n_lanes: int,
                 mask, other):
-  """``n_lanes`` strided ``(block_rows, block_groups)`` loads from a ``(rows, G, lanes)`` ref."""
+  """``n_lanes`` strided ``(block_rows, block_groups)`` loads from a ``(rows, G, lanes)`` ref.
+
+  ``mask=None`` loads every element (``other`` is then unused: jax >= 0.11
+  rejects an ``other`` without a mask).
+  """
+  other = None if mask is None else other
   return [
       plgpu.load(ref.at[pl.ds(row_start, block_rows), pl.ds(group_start, block_groups), _I32(k)],
                  mask=mask, other=other)

@@ -38,8 +38,6 @@ from jaxnoise.ops.ternary.pallas_triton import (
     _loop,
     _packed_view,
     _store_lanes,
-    interleave,
-    load_unit_codes,
     packed_units,
     unit_layout,
 )
@@ -47,6 +45,7 @@ from jaxnoise.ops.ternary.pallas_triton import (
 __all__ = ["ternary_matmul", "ternary_matmul_input_grad"]
 
 _F32 = jnp.float32
+_I32 = jnp.int32
 # x (BM, BG) . t (BN, BG)^T -> (BM, BN).
 _DIMS_NT = (((1,), (1,)), ((), ()))
 # g (BM, BN) . t (BN, BG) -> (BM, BG).
@@ -61,74 +60,119 @@ def _ternary_select(codes, C: int, minus, zero, plus):
 
 def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
                    n_units, block_m, block_n, block_units, steps_per_split, method,
-                   compute_dtype, precision, partial_sums):
+                   compute_dtype, precision, partial_sums, prefetch):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
 
-  Each step loads ``block_units`` packed units per output row (three strided
-  word or byte lanes), unpacks them into ``L`` code lanes, joins the lanes in
-  natural column order (:func:`interleave`: registers only) and meets a
-  contiguous ``(block_m, block_units * L)`` tile of ``x``:
+  ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
+  ``x_ref[m, j, u] = x[m, u * L + j]`` (:func:`x_lanes`). Each step loads
+  ``block_units`` packed units per output row (three strided word or byte
+  lanes), finds each code lane's ternary buckets (on the words in place where
+  a code sits in one word, :func:`ref_lib.word_buckets`) and meets the
+  matching ``(block_m, block_units)`` lane of ``x``: every tensor keeps the
+  ``(rows, units)`` shape of the loads, so no code or ``x`` tile is reordered
+  in registers.
 
-  * ``method="dot"``: ``t`` selected in the compute dtype (exact), one
-    ``dot_general`` per step (tensor cores; float32 accumulation);
+  * ``method="dot"``: ``t`` of each lane selected in the compute dtype
+    (exact), one ``dot_general`` per lane and step (tensor cores; float32
+    accumulation);
   * ``method="fma"``: ``+-x`` or 0 selected per code and summed in float32
-    (no tensor cores: for one or two rows, where a dot pads to 16).
+    (no tensor cores: for a few rows, where a dot pads to 16).
   """
   m0 = pl.program_id(0) * block_m
   n0 = pl.program_id(1) * block_n
   split = pl.program_id(2)
-  per_unit = layout.codes
-  width = block_units * per_unit
-  m_mask = (m0 + _iota(block_m)) < m_rows
-  n_mask = (n0 + _iota(block_n)) < n_out
+  n_lanes = layout.codes
+  lv = ref_lib.levels(C)
+  # Masks only along dimensions the tiles do not divide (None: every element is in range).
+  m_mask = None if m_rows % block_m == 0 else (m0 + _iota(block_m)) < m_rows
+  n_mask = None if n_out % block_n == 0 else (n0 + _iota(block_n)) < n_out
+  units_even = n_units % (steps_per_split * block_units) == 0
   first_unit = split * (steps_per_split * block_units)
 
-  def load(i, joined_codes=True):
+  def fetch(i):
+    """Step ``i``'s three packed lanes ``(block_n, block_units)`` and ``L`` lanes of ``x``."""
     u0 = first_unit + i * block_units
-    unit_mask = (u0 + _iota(block_units)) < n_units
-    mask = n_mask[:, None] & unit_mask[None, :]
-    if joined_codes:
-      codes = interleave(load_unit_codes(packed_ref, n0, block_n, u0, block_units, mask,
-                                         layout))
-    else:
-      codes = _load_lanes(packed_ref, n0, block_n, u0, block_units, 3, mask, 0)
-    col_mask = (u0 * per_unit + _iota(width)) < n_units * per_unit
-    x = plgpu.load(x_ref.at[pl.ds(m0, block_m), pl.ds(u0 * per_unit, width)],
-                   mask=m_mask[:, None] & col_mask[None, :], other=0)
-    return codes, x
+    unit_mask = None if units_even else (u0 + _iota(block_units)) < n_units
+    raw = _load_lanes(packed_ref, n0, block_n, u0, block_units, 3,
+                      _outer_and(n_mask, unit_mask, (block_n, block_units)), 0)
+    x_mask = _outer_and(m_mask, unit_mask, (block_m, block_units))
+    xs = [plgpu.load(x_ref.at[pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units)],
+                     mask=x_mask, other=None if x_mask is None else 0)
+          for j in range(n_lanes)]
+    return tuple(raw), tuple(xs)
+
+  def buckets_of(raw):
+    """Per code lane: ``(c >= lv, c >= 2 lv)``."""
+    if layout.words:
+      return ref_lib.word_buckets(*raw, C)
+    codes = ref_lib.unpack_group(*(b.astype(_I32) for b in raw))
+    return [(code >= lv, code >= 2 * lv) for code in codes]
 
   if method == "dot":
     minus, zero, plus = (jnp.asarray(v, compute_dtype) for v in (-1, 0, 1))
 
-    def step(i, acc):
-      if layout.words:
-        # Bucket compares on the packed words (no shift per code), then joined.
-        raw, x = load(i, joined_codes=False)
-        t = interleave([jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
-                        for ge_lv, ge_2lv in ref_lib.word_buckets(*raw, C)])
-      else:
-        codes, x = load(i)
-        t = _ternary_select(codes, C, minus, zero, plus)
-      return acc + jax.lax.dot_general(x.astype(compute_dtype), t, _DIMS_NT,
-                                       precision=precision, preferred_element_type=_F32)
+    def accumulate(acc, fetched):
+      raw, xs = fetched
+      for (ge_lv, ge_2lv), x in zip(buckets_of(raw), xs):
+        t = jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
+        acc = acc + jax.lax.dot_general(x.astype(compute_dtype), t, _DIMS_NT,
+                                        precision=precision, preferred_element_type=_F32)
+      return acc
 
-    acc = _loop(steps_per_split, step, jnp.zeros((block_m, block_n), _F32))
+    acc = jnp.zeros((block_m, block_n), _F32)
   else:
-    def step(i, acc):
-      codes, x = load(i)
-      x = x.astype(_F32)[:, None, :]
-      return acc + _ternary_select(codes[None], C, -x, _F32(0.0), x)
+    def accumulate(acc, fetched):
+      raw, xs = fetched
+      for (ge_lv, ge_2lv), x in zip(buckets_of(raw), xs):
+        x = x.astype(_F32)[:, None, :]
+        acc = acc + jnp.where(ge_2lv[None], x, jnp.where(ge_lv[None], _F32(0.0), -x))
+      return acc
 
-    acc = _loop(steps_per_split, step, jnp.zeros((block_m, block_n, width), _F32))
+    acc = jnp.zeros((block_m, block_n, block_units), _F32)
+
+  if steps_per_split == 1:
+    acc = accumulate(acc, fetch(0))
+  elif prefetch:
+    # Register double buffering: step i + 1's loads are issued before step i's math, so
+    # each warp's memory latency overlaps its own arithmetic (the last step re-loads
+    # itself, in range and cached, so no mask is needed).
+    def step(i, carry):
+      acc, current = carry
+      following = fetch(jnp.minimum(i + 1, steps_per_split - 1))
+      return accumulate(acc, current), following
+
+    acc, _ = jax.lax.fori_loop(0, steps_per_split, step, (acc, fetch(0)))
+  else:
+    acc = jax.lax.fori_loop(0, steps_per_split, lambda i, acc: accumulate(acc, fetch(i)), acc)
+  if method != "dot":
     acc = jnp.sum(acc, axis=2)
 
-  mask = m_mask[:, None] & n_mask[None, :]
+  mask = _outer_and(m_mask, n_mask, (block_m, block_n))
   if partial_sums:
     plgpu.store(y_ref.at[split, pl.ds(m0, block_m), pl.ds(n0, block_n)], acc, mask=mask)
   else:
-    scale = _load_vector(scale_ref, n0, block_n, n_mask, 0.0).astype(_F32)
+    scale = plgpu.load(scale_ref.at[pl.ds(n0, block_n)], mask=n_mask,
+                       other=None if n_mask is None else 0.0).astype(_F32)
     plgpu.store(y_ref.at[pl.ds(m0, block_m), pl.ds(n0, block_n)],
                 (acc * scale[None, :]).astype(y_ref.dtype), mask=mask)
+
+
+def _outer_and(row_mask, col_mask, shape):
+  """``row_mask[:, None] & col_mask[None, :]`` of ``shape``; either may be None (all true)."""
+  if row_mask is None and col_mask is None:
+    return None
+  if row_mask is None:
+    return jnp.broadcast_to(col_mask[None, :], shape)
+  if col_mask is None:
+    return jnp.broadcast_to(row_mask[:, None], shape)
+  return row_mask[:, None] & col_mask[None, :]
+
+
+def x_lanes(x, layout: UnitLayout):
+  """``(M, in)`` -> ``(M, L, in / L)``: column ``u * L + j`` of ``x`` at ``[:, j, u]`` (XLA transpose)."""
+  m_rows, in_features = x.shape
+  n_lanes = layout.codes
+  return jnp.swapaxes(x.reshape(m_rows, in_features // n_lanes, n_lanes), 1, 2)
 
 
 def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, C, m_rows, n_out,
@@ -185,7 +229,9 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
     y = jax.lax.dot_general(x.astype(compute_dtype), t, _DIMS_NT, precision=precision,
                             preferred_element_type=_F32)
     return (y * scale.astype(_F32)[None, :]).astype(out_dtype)
-  layout = unit_layout(in_features, config.word_loads and config.block_groups >= 4)
+  # A dot step contracts one code lane of block_units units: Triton dots need >= 16.
+  min_word_groups = 4 * ref_lib.CODES_PER_WORD_GROUP if config.method == "dot" else 4
+  layout = unit_layout(in_features, config.word_loads and config.block_groups >= min_word_groups)
   per_unit = layout.codes
   n_units = in_features // per_unit
   block_units = max(1, config.block_groups * 4 // per_unit)
@@ -197,7 +243,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       _matmul_kernel, C=C, layout=layout, m_rows=m_rows, n_out=out_features, n_units=n_units,
       block_m=config.block_m, block_n=config.block_n, block_units=block_units,
       steps_per_split=steps_per_split, method=config.method, compute_dtype=compute_dtype,
-      precision=precision, partial_sums=partial_sums)
+      precision=precision, partial_sums=partial_sums, prefetch=config.prefetch)
   if partial_sums:
     out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)
   else:
@@ -206,7 +252,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       kernel, name="ternary_matmul",
       grid=(_cdiv(m_rows, config.block_m), _cdiv(out_features, config.block_n), splits),
       out_shape=out_shape, config=config, interpret=interpret,
-  )(x, packed_units(packed, layout), scale)
+  )(x_lanes(x, layout), packed_units(packed, layout), scale)
   if partial_sums:
     y = (jnp.sum(y, axis=0) * scale.astype(_F32)[None, :]).astype(out_dtype)
   return y
