@@ -555,20 +555,16 @@ def matmul_sweep_configs(shape) -> list:
   M = config_lib.MatmulConfig
   base = M.get_heuristics_config(shape, jnp.bfloat16)
   block_m = config_lib.next_power_of_2(m_rows)
-  # (block_n, block_groups, split_k, num_warps, prefetch) around session 6 run 2's best fma
-  # tiles (8, 128-256, 4-8), then deeper steps, which prefetching should help most.
-  fma_grid = [(8, 128, 8, 4, True), (8, 256, 4, 4, False), (8, 128, 8, 4, False),
-              (8, 256, 4, 8, True), (8, 512, 4, 4, True), (8, 512, 2, 4, True),
-              (16, 128, 8, 4, True), (4, 256, 4, 2, True), (16, 512, 2, 8, True),
-              (8, 1024, 2, 4, True), (8, 256, 2, 4, True), (16, 256, 4, 8, True)]
+  # (block_n, block_groups, split_k, num_warps) around session 6's best fma tiles.
+  fma_grid = [(8, 256, 4, 4), (16, 128, 8, 4), (4, 256, 4, 2), (8, 128, 8, 8), (8, 512, 2, 4),
+              (16, 256, 4, 8)]
   fma = [M(block_m=block_m, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k,
-           method="fma", prefetch=pre) for n, g, k, w, pre in fma_grid]
-  # (block_n, block_groups, split_k, num_warps, prefetch) of 16-row dot tiles on words.
-  dot_grid = [(32, 128, 16, 4, True), (32, 128, 8, 4, False), (32, 128, 16, 4, False),
-              (32, 128, 4, 4, True), (64, 128, 16, 4, True), (32, 256, 8, 4, True),
-              (32, 256, 4, 4, True), (64, 128, 8, 4, True), (32, 128, 16, 8, True)]
-  dot = [M(block_m=16, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k,
-           prefetch=pre) for n, g, k, w, pre in dot_grid]
+           method="fma") for n, g, k, w in fma_grid]
+  # (block_n, block_groups, split_k, num_warps) of 16-row dot tiles on words.
+  dot_grid = [(32, 128, 8, 4), (32, 128, 4, 4), (64, 128, 16, 4), (32, 256, 8, 4),
+              (16, 128, 16, 4)]
+  dot = [M(block_m=16, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k)
+         for n, g, k, w in dot_grid]
   if m_rows == 1:
     out = [base] + fma + dot[:2]
   elif m_rows <= 4:

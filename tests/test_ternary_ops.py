@@ -455,7 +455,7 @@ def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
       ((2, 1), config(block_m=2, block_n=8, block_groups=4, method="fma", word_loads=False)),
       ((5,), config(method="decode")),
       ((2,), config(block_m=2, block_n=8, block_groups=8, method="fma", split_k=2,
-                    prefetch=False)),
+                    num_warps=2)),
   ]
   # The heuristic, and two of the six other forms per dtype (all six over the three).
   first = DTYPES.index(dtype) * 2

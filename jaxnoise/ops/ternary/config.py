@@ -278,8 +278,6 @@ class FromIOConfig:
     word_loads: read the codes as uint32 words (three per 16 codes) when
       ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
       else three bytes per 4.
-    prefetch: in the fma and dot tiles, load step ``i + 1``'s codes and ``x``
-      before step ``i``'s arithmetic (register double buffering).
   """
 
   block_rows: int = 32
@@ -391,8 +389,6 @@ class MatmulConfig:
     word_loads: read the codes as uint32 words (three per 16 codes) when
       ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
       else three bytes per 4.
-    prefetch: in the fma and dot tiles, load step ``i + 1``'s codes and ``x``
-      before step ``i``'s arithmetic (register double buffering).
   """
 
   block_m: int = 64
@@ -404,7 +400,6 @@ class MatmulConfig:
   split_k: int = 1
   method: str = "dot"
   word_loads: bool = True
-  prefetch: bool = True
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
@@ -423,7 +418,7 @@ class MatmulConfig:
     if (not isinstance(self.split_k, int) or isinstance(self.split_k, bool)
         or self.split_k < 1):
       raise ValueError(f"MatmulConfig.split_k must be a positive int, got {self.split_k!r}")
-    for name in ("allow_tf32", "word_loads", "prefetch"):
+    for name in ("allow_tf32", "word_loads"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"MatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -432,27 +427,26 @@ class MatmulConfig:
                             ) -> "MatmulConfig":
     """A default for ``(M, out, in)`` and ``x``'s ``dtype``.
 
-    The choices follow the compiled sweeps (H200, jax 0.11.2, 2026-12-01,
-    ``benchmarks/results/2026-12-01-h200-s5/ternary`` and ``ternary_run2``;
-    bfloat16 ``x``, times against a dense bf16 matmul of the same shape):
+    The choices follow the compiled sweeps (H200, jax 0.11.2, 2026-12-01;
+    ``benchmarks/results/2026-12-01-h200-s5/ternary*`` and, in device time,
+    ``benchmarks/results/2026-12-01-h200-s6/matmul_run*``; bfloat16 ``x``):
 
-    * ``M = 1``: CUDA-core ``"fma"`` tiles of 32 output units, 256 inputs per
-      step, ``in`` split 4 ways: 34.1 us at 4096^2 (0.93x) and 64.2 us at
-      8192^2 (0.64x), the best of both sweeps.
-    * ``2 <= M <= 16``: 16-row dot tiles, codes read as bytes, ``in`` split
-      16 ways at 4096 (M=4: 39.4 us, 0.95x) and 8 ways with 128 inputs per
-      step at 8192 (M=4: 87.9 us, 0.42x) up to ``M = 4``; split 8 ways beyond
-      (M=16: 41.2 us at 4096^2, 1.01x; 94.1 us at 8192^2, 0.56x).
-    * ``16 < M < 64``: GEMM tiles, split along ``in`` (not measured).
+    * ``M = 1``: CUDA-core ``"fma"`` tiles of 8 output units, 512 inputs per
+      step, ``in`` split 8 ways (:meth:`_fma_config`).
+    * ``2 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
+      codes read as words, one 512-input step per program.
+    * ``16 < M < 64``, and float32 ``x`` up to ``M = 16``: GEMM tiles, split
+      along ``in`` (not measured).
     * ``M >= 64`` (or float32 ``x`` beyond ``M = 16``): ``"decode"`` (Pallas
       decode to a dense temporary, then XLA's GEMM): 48.8 us at M=64 4096^2
       (1.00x) vs 53.6 us for the dot tiles, 53-62 us at M=256 4096^2 vs
-      116-125 us, 244 vs 885 us at M=1024 8192^2 (0.71-1.00x).
+      116-125 us, 244 vs 885 us at M=1024 8192^2 (0.71-1.00x; session 5,
+      wall clock).
 
     Example:
       >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
       >>> config.method, config.block_n, config.split_k
-      ('fma', 32, 4)
+      ('fma', 8, 8)
       >>> MatmulConfig.get_heuristics_config((64, 4096, 4096), "bfloat16").method
       'decode'
     """
@@ -469,26 +463,27 @@ class MatmulConfig:
       return cls(method="decode")
     config = cls._dot_tiles(shape, dtype)
     if m_rows <= 16 and itemsize <= 2:
-      # Session 6 run 1 (device time): 32 outputs x 512 inputs per step in words, split 8:
-      # M=4 17.7 / 46.6 us at 4096^2 / 8192^2 (session-5 tiles 18.8 / 63.2), M=16 18.3 / 52.2
-      # (20.5 / 64.2).
+      # Session 6 runs 1-3 (device time): 32 outputs x 512 inputs (words) per program, one
+      # step each (in split into 512-input slabs): M=4 17.5 / 44.3 us at 4096^2 / 8192^2,
+      # M=16 18.3 / 47.0 (session-5 tiles: 18.9 / 64.5 and 20.4 / 64.9).
       steps = max(1, -(-max(1, in_features // 4) // 128))
       config = cls(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
-                   split_k=min(steps, 8))
+                   split_k=steps)
     return config
 
   @classmethod
   def _fma_config(cls, m_rows: int, out_features: int, in_features: int) -> "MatmulConfig":
-    """CUDA-core tiles: 8 outputs x 1024 inputs per step, ``in`` split 4 ways.
+    """CUDA-core tiles: 8 outputs x 512 inputs per step, ``in`` split 8 ways.
 
-    Session 6 run 1 (device time): 11.5 us at 4096^2 and 29.2 us at 8192^2,
-    the best of 14 configs at both (session-5 tiles: 14.2 and 40.2 us).
+    Session 6 runs 2-3 (device time): 11.3-11.7 us at 4096^2 and 30.1-32.5 us
+    at 8192^2, the best or within 5% of it at both (session-5 tiles: 14.1 and
+    41.2 us).
     """
     del out_features  # The same config was best at out = 4096 and 8192.
-    block_groups = 256
+    block_groups = 128
     steps = max(1, -(-max(1, in_features // 4) // block_groups))
     return cls(block_m=next_power_of_2(m_rows), block_n=8, block_groups=block_groups,
-               num_warps=4, num_stages=3, split_k=min(steps, 4), method="fma")
+               num_warps=4, num_stages=3, split_k=min(steps, 8), method="fma")
 
   @classmethod
   def _dot_tiles(cls, shape: Sequence[int], dtype: Any) -> "MatmulConfig":

@@ -60,11 +60,13 @@ def _ternary_select(codes, C: int, minus, zero, plus):
 
 def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
                    n_units, block_m, block_n, block_units, steps_per_split, method,
-                   compute_dtype, precision, partial_sums, prefetch):
+                   compute_dtype, precision, partial_sums):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
 
   ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
-  ``x_ref[m, j, u] = x[m, u * L + j]`` (:func:`x_lanes`). Each step loads
+  ``x_ref[m, j, u] = x[m, u * L + j]`` (:func:`x_lanes`), in the compute
+  dtype for ``"dot"``; for ``"fma"`` it is ``(M, 2L, units)`` float32, the
+  lanes of ``x`` then those of ``-x`` (:func:`_x_operand`). Each step loads
   ``block_units`` packed units per output row (three strided word or byte
   lanes), finds each code lane's ternary buckets (on the words in place where
   a code sits in one word, :func:`ref_lib.word_buckets`) and meets the
@@ -98,7 +100,7 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
     x_mask = _outer_and(m_mask, unit_mask, (block_m, block_units))
     xs = [plgpu.load(x_ref.at[pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units)],
                      mask=x_mask, other=None if x_mask is None else 0)
-          for j in range(n_lanes)]
+          for j in range(x_ref.shape[1])]
     return tuple(raw), tuple(xs)
 
   def buckets_of(raw):
@@ -115,35 +117,23 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
       raw, xs = fetched
       for (ge_lv, ge_2lv), x in zip(buckets_of(raw), xs):
         t = jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
-        acc = acc + jax.lax.dot_general(x.astype(compute_dtype), t, _DIMS_NT,
+        acc = acc + jax.lax.dot_general(x, t, _DIMS_NT,
                                         precision=precision, preferred_element_type=_F32)
       return acc
 
     acc = jnp.zeros((block_m, block_n), _F32)
   else:
     def accumulate(acc, fetched):
+      # xs: the L float32 lanes of x, then the L of -x (XLA's; no conversion in the loop).
       raw, xs = fetched
-      for (ge_lv, ge_2lv), x in zip(buckets_of(raw), xs):
-        x = x.astype(_F32)[:, None, :]
-        acc = acc + jnp.where(ge_2lv[None], x, jnp.where(ge_lv[None], _F32(0.0), -x))
+      for j, (ge_lv, ge_2lv) in enumerate(buckets_of(raw)):
+        plus_x, minus_x = xs[j][:, None, :], xs[n_lanes + j][:, None, :]
+        acc = acc + jnp.where(ge_2lv[None], plus_x, jnp.where(ge_lv[None], _F32(0.0), minus_x))
       return acc
 
     acc = jnp.zeros((block_m, block_n, block_units), _F32)
 
-  if steps_per_split == 1:
-    acc = accumulate(acc, fetch(0))
-  elif prefetch:
-    # Register double buffering: step i + 1's loads are issued before step i's math, so
-    # each warp's memory latency overlaps its own arithmetic (the last step re-loads
-    # itself, in range and cached, so no mask is needed).
-    def step(i, carry):
-      acc, current = carry
-      following = fetch(jnp.minimum(i + 1, steps_per_split - 1))
-      return accumulate(acc, current), following
-
-    acc, _ = jax.lax.fori_loop(0, steps_per_split, step, (acc, fetch(0)))
-  else:
-    acc = jax.lax.fori_loop(0, steps_per_split, lambda i, acc: accumulate(acc, fetch(i)), acc)
+  acc = _loop(steps_per_split, lambda i, acc: accumulate(acc, fetch(i)), acc)
   if method != "dot":
     acc = jnp.sum(acc, axis=2)
 
@@ -166,6 +156,15 @@ def _outer_and(row_mask, col_mask, shape):
   if col_mask is None:
     return jnp.broadcast_to(row_mask[:, None], shape)
   return row_mask[:, None] & col_mask[None, :]
+
+
+def _x_operand(x, layout: UnitLayout, method: str, compute_dtype):
+  """The kernel's ``x``: lanes in the compute dtype (dot), or float32 lanes of ``x`` then ``-x`` (fma)."""
+  lanes = x_lanes(x, layout)
+  if method == "dot":
+    return lanes.astype(compute_dtype)
+  lanes = lanes.astype(_F32)
+  return jnp.concatenate([lanes, -lanes], axis=1)
 
 
 def x_lanes(x, layout: UnitLayout):
@@ -243,7 +242,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       _matmul_kernel, C=C, layout=layout, m_rows=m_rows, n_out=out_features, n_units=n_units,
       block_m=config.block_m, block_n=config.block_n, block_units=block_units,
       steps_per_split=steps_per_split, method=config.method, compute_dtype=compute_dtype,
-      precision=precision, partial_sums=partial_sums, prefetch=config.prefetch)
+      precision=precision, partial_sums=partial_sums)
   if partial_sums:
     out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)
   else:
@@ -252,7 +251,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       kernel, name="ternary_matmul",
       grid=(_cdiv(m_rows, config.block_m), _cdiv(out_features, config.block_n), splits),
       out_shape=out_shape, config=config, interpret=interpret,
-  )(x_lanes(x, layout), packed_units(packed, layout), scale)
+  )(_x_operand(x, layout, config.method, compute_dtype), packed_units(packed, layout), scale)
   if partial_sums:
     y = (jnp.sum(y, axis=0) * scale.astype(_F32)[None, :]).astype(out_dtype)
   return y
