@@ -555,14 +555,13 @@ def matmul_sweep_configs(shape) -> list:
   M = config_lib.MatmulConfig
   base = M.get_heuristics_config(shape, jnp.bfloat16)
   block_m = config_lib.next_power_of_2(m_rows)
-  # (block_n, block_groups, split_k, num_warps) around session 6's best fma tiles.
-  fma_grid = [(8, 256, 4, 4), (16, 128, 8, 4), (4, 256, 4, 2), (8, 128, 8, 8), (8, 512, 2, 4),
-              (16, 256, 4, 8)]
+  # (block_n, block_groups, split_k, num_warps) around session 6's best fma tiles; split 1
+  # needs no XLA sum of partial tiles after the kernel.
+  fma_grid = [(8, 256, 4, 4), (16, 128, 8, 4), (8, 512, 1, 4), (16, 512, 1, 8), (4, 256, 4, 2)]
   fma = [M(block_m=block_m, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k,
            method="fma") for n, g, k, w in fma_grid]
   # (block_n, block_groups, split_k, num_warps) of 16-row dot tiles on words.
-  dot_grid = [(32, 128, 8, 4), (32, 128, 4, 4), (64, 128, 16, 4), (32, 256, 8, 4),
-              (16, 128, 16, 4)]
+  dot_grid = [(32, 128, 4, 4), (64, 128, 16, 4), (32, 256, 8, 4)]
   dot = [M(block_m=16, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k)
          for n, g, k, w in dot_grid]
   if m_rows == 1:

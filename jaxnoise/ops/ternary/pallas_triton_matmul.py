@@ -65,8 +65,9 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
 
   ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
   ``x_ref[m, j, u] = x[m, u * L + j]`` (:func:`x_lanes`), in the compute
-  dtype for ``"dot"``; for ``"fma"`` it is ``(M, 2L, units)`` float32, the
-  lanes of ``x`` then those of ``-x`` (:func:`_x_operand`). Each step loads
+  dtype for ``"dot"``; for ``"fma"`` it is ``x`` itself viewed as
+  ``(M, units, L)`` and lane ``j`` is a strided load (:func:`_x_operand`).
+  Each step loads
   ``block_units`` packed units per output row (three strided word or byte
   lanes), finds each code lane's ternary buckets (on the words in place where
   a code sits in one word, :func:`ref_lib.word_buckets`) and meets the
@@ -98,9 +99,12 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
     raw = _load_lanes(packed_ref, n0, block_n, u0, block_units, 3,
                       _outer_and(n_mask, unit_mask, (block_n, block_units)), 0)
     x_mask = _outer_and(m_mask, unit_mask, (block_m, block_units))
-    xs = [plgpu.load(x_ref.at[pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units)],
-                     mask=x_mask, other=None if x_mask is None else 0)
-          for j in range(x_ref.shape[1])]
+    if method == "dot":  # (M, L, units): lane j is a contiguous row of units.
+      index = lambda j: (pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units))
+    else:  # (M, units, L): lane j is every L-th element of x's row.
+      index = lambda j: (pl.ds(m0, block_m), pl.ds(u0, block_units), _I32(j))
+    xs = [plgpu.load(x_ref.at[index(j)], mask=x_mask, other=None if x_mask is None else 0)
+          for j in range(n_lanes)]
     return tuple(raw), tuple(xs)
 
   def buckets_of(raw):
@@ -124,11 +128,10 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
     acc = jnp.zeros((block_m, block_n), _F32)
   else:
     def accumulate(acc, fetched):
-      # xs: the L float32 lanes of x, then the L of -x (XLA's; no conversion in the loop).
       raw, xs = fetched
-      for j, (ge_lv, ge_2lv) in enumerate(buckets_of(raw)):
-        plus_x, minus_x = xs[j][:, None, :], xs[n_lanes + j][:, None, :]
-        acc = acc + jnp.where(ge_2lv[None], plus_x, jnp.where(ge_lv[None], _F32(0.0), minus_x))
+      for (ge_lv, ge_2lv), x in zip(buckets_of(raw), xs):
+        x = x.astype(_F32)[:, None, :]
+        acc = acc + jnp.where(ge_2lv[None], x, jnp.where(ge_lv[None], _F32(0.0), -x))
       return acc
 
     acc = jnp.zeros((block_m, block_n, block_units), _F32)
@@ -159,12 +162,17 @@ def _outer_and(row_mask, col_mask, shape):
 
 
 def _x_operand(x, layout: UnitLayout, method: str, compute_dtype):
-  """The kernel's ``x``: lanes in the compute dtype (dot), or float32 lanes of ``x`` then ``-x`` (fma)."""
-  lanes = x_lanes(x, layout)
+  """The kernel's ``x``: lane-major in the compute dtype (dot), else a free ``(M, units, L)`` view.
+
+  The dot tiles load each lane as a contiguous ``(block_m, block_units)``
+  tile from XLA's transpose; the fma tiles load the lanes strided from ``x``
+  itself, so no XLA op runs before the kernel (one fewer launch at decode
+  sizes, where the whole matmul takes ~10 us).
+  """
   if method == "dot":
-    return lanes.astype(compute_dtype)
-  lanes = lanes.astype(_F32)
-  return jnp.concatenate([lanes, -lanes], axis=1)
+    return x_lanes(x, layout).astype(compute_dtype)
+  m_rows, in_features = x.shape
+  return x.reshape(m_rows, in_features // layout.codes, layout.codes)
 
 
 def x_lanes(x, layout: UnitLayout):
