@@ -16,11 +16,13 @@ case, and prints each row as it completes):
   strided loads), each screened against the reference. ``--before`` adds
   main's kernels at their old default.
 * ``matmul``: ``ternary_matmul`` at M = 1, 4, 16 on 4096^2 and 8192^2 against
-  a dense bf16 matmul: the heuristic, then the fma grid (block_n 16/32/64,
-  split_k 4/8/16, block_groups 32/64 scaled by the rows) and byte / word dot
-  tiles; M = 64 dot vs decode last. Each call in a timed group reads a
-  different copy of the weights (the packed copies cover twice the L2), so
-  small-M numbers are DRAM-bound as in a model's decode step.
+  a dense bf16 matmul: the heuristic, then fma and dot tiles around it; M = 64
+  dot vs decode last. Each call in a timed group reads its own copy of the
+  weights (shared copies let XLA merge the dense calls into one GEMM), so
+  small-M numbers are DRAM-bound as in a model's decode step. Times are
+  device busy time (CUPTI, ``_harness.device_busy``) where PyTorch with CUDA
+  is installed, next to the wall-clock group medians. ``--before-matmul PATH``
+  also times a frozen copy of the kernel module at session 5's heuristics.
 * ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024) on
   4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
   then larger tiles, ``block_m`` and ``num_stages``.
@@ -34,9 +36,11 @@ distinct inputs), so dispatch is not timed. Each part stops starting new cases
 once ``--budget`` seconds are spent (the rest are listed as skipped), so an
 outer ``timeout`` never cuts a JSON file.
 
-GPU (all parts: benchmarks/gpu_session5_ternary.sh)::
+GPU (all parts: benchmarks/gpu_session5_ternary.sh; the matmul:
+benchmarks/gpu_session6_matmul.sh)::
 
     python benchmarks/bench_ternary.py --part check --budget 45 --out $OUT
+    python benchmarks/bench_ternary.py --part check --only matmul --out $OUT
 
 CPU (interpret mode, tiny shapes; checks that it runs)::
 

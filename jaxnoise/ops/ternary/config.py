@@ -431,7 +431,7 @@ class MatmulConfig:
     ``benchmarks/results/2026-12-01-h200-s5/ternary*`` and, in device time,
     ``benchmarks/results/2026-12-01-h200-s6/matmul_run*``; bfloat16 ``x``):
 
-    * ``M = 1``: CUDA-core ``"fma"`` tiles of 8 output units, 512 inputs per
+    * ``M = 1``: CUDA-core ``"fma"`` tiles of 16 output units, 512 inputs per
       step, ``in`` split 8 ways (:meth:`_fma_config`).
     * ``2 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
       codes read as words, one 512-input step per program.
@@ -446,7 +446,7 @@ class MatmulConfig:
     Example:
       >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
       >>> config.method, config.block_n, config.split_k
-      ('fma', 8, 8)
+      ('fma', 16, 8)
       >>> MatmulConfig.get_heuristics_config((64, 4096, 4096), "bfloat16").method
       'decode'
     """
@@ -463,9 +463,9 @@ class MatmulConfig:
       return cls(method="decode")
     config = cls._dot_tiles(shape, dtype)
     if m_rows <= 16 and itemsize <= 2:
-      # Session 6 runs 1-3 (device time): 32 outputs x 512 inputs (words) per program, one
-      # step each (in split into 512-input slabs): M=4 17.5 / 44.3 us at 4096^2 / 8192^2,
-      # M=16 18.3 / 47.0 (session-5 tiles: 18.9 / 64.5 and 20.4 / 64.9).
+      # Session 6 runs 3-5 (device time): 32 outputs x 512 inputs (words) per program, one
+      # step each (in split into 512-input slabs): M=4 17.3-17.5 / 44.3-44.6 us at 4096^2 /
+      # 8192^2, M=16 18.3-18.6 / 46.4-47.0 (session-5 tiles: 18.8 / 64.7, 20.4 / 65.0).
       steps = max(1, -(-max(1, in_features // 4) // 128))
       config = cls(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
                    split_k=steps)
@@ -473,16 +473,17 @@ class MatmulConfig:
 
   @classmethod
   def _fma_config(cls, m_rows: int, out_features: int, in_features: int) -> "MatmulConfig":
-    """CUDA-core tiles: 8 outputs x 512 inputs per step, ``in`` split 8 ways.
+    """CUDA-core tiles: 16 outputs x 512 inputs per step, ``in`` split 8 ways.
 
-    Session 6 runs 2-3 (device time): 11.3-11.7 us at 4096^2 and 30.1-32.5 us
-    at 8192^2, the best or within 5% of it at both (session-5 tiles: 14.1 and
-    41.2 us).
+    Session 6 run 5 (device time, ``x`` lanes loaded strided in the kernel):
+    10.8 us at 4096^2 and 30.2 us at 8192^2 with the sum of the partial tiles,
+    within 5% of the best of 5 configs at both (session-5 tiles: 14.1 and
+    41.1 us; a dense bf16 matmul: 13.0 and 37.6 us).
     """
     del out_features  # The same config was best at out = 4096 and 8192.
     block_groups = 128
     steps = max(1, -(-max(1, in_features // 4) // block_groups))
-    return cls(block_m=next_power_of_2(m_rows), block_n=8, block_groups=block_groups,
+    return cls(block_m=next_power_of_2(m_rows), block_n=16, block_groups=block_groups,
                num_warps=4, num_stages=3, split_k=min(steps, 8), method="fma")
 
   @classmethod

@@ -3,14 +3,16 @@
 Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
 
 * ``"dot"``: ``(block_m, block_n)`` output tiles; the packed codes of a tile's
-  rows are decoded in registers (0.75 byte per weight from memory) and meet a
-  contiguous ``x`` tile in one ``dot_general`` per step. ``split_k > 1``
+  rows are read (0.75 byte per weight from memory) and bucketed per code lane
+  in registers, and each lane meets the matching lane of ``x`` (``x`` is
+  brought to the codes' order, not the codes to ``x``'s) in one
+  ``dot_general`` per lane and step. ``split_k > 1``
   cuts ``in`` into that many slabs, one program each, and XLA sums the float32
   partial tiles: for decode-sized ``M`` (GEMV) the grid then has enough
   programs to stream the weights with every SM (``out / block_n`` alone is
   far fewer than the GPU's SMs at ``out = 4096``).
 * ``"fma"``: the same tiles without tensor cores (``+-x`` selected per code),
-  for ``M`` of one or two rows.
+  for one row (decode steps).
 * ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large ``M``).
 """
 
