@@ -131,6 +131,36 @@ def population_mesh(devices: Sequence[Any] | None = None,
   return Mesh(np.asarray(devices), (axis_name,))
 
 
+def _check_mesh(mesh, axis_name):
+  if not isinstance(mesh, Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+  if axis_name not in mesh.axis_names:
+    raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}")
+  return mesh.shape[axis_name]
+
+
+def _population_slices(seeds, mesh, axis_name: str, antithetic: bool) -> tuple[jax.Array, int]:
+  """Checked ``(seeds, members per device)``: whole slices, and whole pairs when antithetic."""
+  n_shards = _check_mesh(mesh, axis_name)
+  seeds = noise_lib.as_seeds(seeds)
+  pop = seeds.shape[0]
+  per_shard = pop // n_shards
+  if pop % n_shards:
+    raise ValueError(f"the population ({pop} seeds) must divide evenly over the "
+                     f"{n_shards} devices of mesh axis {axis_name!r}")
+  if antithetic and per_shard % 2:
+    raise ValueError(f"antithetic pairs would be split: {pop} seeds over {n_shards} devices "
+                     f"gives {per_shard} per device; it must be even")
+  return seeds, per_shard
+
+
+def _gathered_fitness(fitness, per_shard: int, axis_name: str, requirement: str) -> jax.Array:
+  """A device's ``(per_shard,)`` fitness slice, all-gathered; else ``requirement``, got what."""
+  if getattr(fitness, "shape", None) != (per_shard,):
+    raise ValueError(f"{requirement}, got {_common.describe(fitness)}")
+  return jax.lax.all_gather(fitness, axis_name, tiled=True)
+
+
 def sharded_fitness(
     fitness_fn: Callable[..., jax.Array],
     seeds: jax.Array,
@@ -161,27 +191,12 @@ def sharded_fitness(
   Returns:
     ``(pop,)`` fitness, replicated.
   """
-  if not isinstance(mesh, Mesh):
-    raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
-  if axis_name not in mesh.axis_names:
-    raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}")
-  seeds = noise_lib.as_seeds(seeds)
-  pop = seeds.shape[0]
-  n_shards = mesh.shape[axis_name]
-  per_shard = pop // n_shards
-  if pop % n_shards:
-    raise ValueError(f"the population ({pop} seeds) must divide evenly over the "
-                     f"{n_shards} devices of mesh axis {axis_name!r}")
-  if antithetic and per_shard % 2:
-    raise ValueError(f"antithetic pairs would be split: {pop} seeds over {n_shards} devices "
-                     f"gives {per_shard} per device; it must be even")
+  seeds, per_shard = _population_slices(seeds, mesh, axis_name, antithetic)
 
   def local(local_seeds, *args):
-    fitness = fitness_fn(local_seeds, *args)
-    if getattr(fitness, "shape", None) != (per_shard,):
-      raise ValueError(f"fitness_fn must return ({per_shard},) fitness for its slice of "
-                       f"{per_shard} seeds, got {_common.describe(fitness)}")
-    return jax.lax.all_gather(fitness, axis_name, tiled=True)
+    return _gathered_fitness(fitness_fn(local_seeds, *args), per_shard, axis_name,
+                             f"fitness_fn must return ({per_shard},) fitness for its slice of "
+                             f"{per_shard} seeds")
 
   shard_map, check_name = _shard_map()
   # The all_gather output is replicated by construction; the replication
@@ -229,14 +244,6 @@ def _leaf_plans(layout: population_lib.ParameterLayout, n_shards: int) -> list[_
     rows = shape[0]
     plans.append(_LeafPlan(block, 1 if block.transposed else 0, rows, -(-rows // n_shards)))
   return plans
-
-
-def _check_mesh(mesh, axis_name):
-  if not isinstance(mesh, Mesh):
-    raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
-  if axis_name not in mesh.axis_names:
-    raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}")
-  return mesh.shape[axis_name]
 
 
 def _spec(plan: _LeafPlan, ndim: int, axis_name: str, n_shards: int) -> PartitionSpec:
@@ -575,15 +582,7 @@ def sharded_evaluate(es, model: nnx.Module, seeds: jax.Array, fn: Callable[..., 
     raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
   if not callable(fn):
     raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-  seeds = noise_lib.as_seeds(seeds)
-  pop = seeds.shape[0]
-  per_shard = pop // n_shards
-  if pop % n_shards:
-    raise ValueError(f"the population ({pop} seeds) must divide evenly over the "
-                     f"{n_shards} devices of mesh axis {axis_name!r}")
-  if es.antithetic and per_shard % 2:
-    raise ValueError(f"antithetic pairs would be split: {pop} seeds over {n_shards} devices "
-                     f"gives {per_shard} per device; it must be even")
+  seeds, per_shard = _population_slices(seeds, mesh, axis_name, es.antithetic)
   layout = es._layout(model)  # pylint: disable=protected-access
   graphdef, params, rest = nnx.split(model, es.wrt, ...)
   leaves, treedef = population_lib._matched_leaves(layout, params, "params")  # pylint: disable=protected-access
@@ -609,10 +608,8 @@ def sharded_evaluate(es, model: nnx.Module, seeds: jax.Array, fn: Callable[..., 
         graphdef, jax.tree_util.tree_unflatten(treedef, full), rest, layout, local_seeds, sigma,
         fn, args, kind=kind, antithetic=es.antithetic, implementation=implementation,
         config=es.config, fuse_linear=True, gather_kernels=gather_kernels)
-    if getattr(fitness, "shape", None) != (per_shard,):
-      raise ValueError(f"fn must return a scalar fitness per member, got "
-                       f"{_common.describe(fitness)} for {per_shard} members")
-    return jax.lax.all_gather(fitness, axis_name, tiled=True)
+    return _gathered_fitness(fitness, per_shard, axis_name,
+                             f"fn must return a scalar fitness per member ({per_shard},)")
 
   shard_map, check_name = _shard_map()
   sharded = shard_map(

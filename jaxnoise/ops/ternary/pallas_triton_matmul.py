@@ -54,12 +54,6 @@ _DIMS_NT = (((1,), (1,)), ((), ()))
 _DIMS_NN = (((1,), (0,)), ((), ()))
 
 
-def _ternary_select(codes, C: int, minus, zero, plus):
-  """``plus`` / ``zero`` / ``minus`` by the code's bucket (``t = +1, 0, -1``; saturating)."""
-  lv = ref_lib.levels(C)
-  return jnp.where(codes >= 2 * lv, plus, jnp.where(codes >= lv, zero, minus))
-
-
 def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
                    n_units, block_m, block_n, block_units, steps_per_split, method,
                    compute_dtype, precision, partial_sums):
@@ -69,13 +63,12 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
   ``x_ref[m, j, u] = x[m, u * L + j]`` (:func:`x_lanes`), in the compute
   dtype for ``"dot"``; for ``"fma"`` it is ``x`` itself viewed as
   ``(M, units, L)`` and lane ``j`` is a strided load (:func:`_x_operand`).
-  Each step loads
-  ``block_units`` packed units per output row (three strided word or byte
-  lanes), finds each code lane's ternary buckets (on the words in place where
-  a code sits in one word, :func:`ref_lib.word_buckets`) and meets the
-  matching ``(block_m, block_units)`` lane of ``x``: every tensor keeps the
-  ``(rows, units)`` shape of the loads, so no code or ``x`` tile is reordered
-  in registers.
+  Each step loads ``block_units`` packed units per output row (three strided
+  word or byte lanes), finds each code lane's ternary buckets (on the words
+  in place where a code sits in one word, :func:`ref_lib.word_buckets`) and
+  meets the matching ``(block_m, block_units)`` lane of ``x``: every tensor
+  keeps the ``(rows, units)`` shape of the loads, so no code or ``x`` tile is
+  reordered in registers.
 
   * ``method="dot"``: ``t`` of each lane selected in the compute dtype
     (exact), one ``dot_general`` per lane and step (tensor cores; float32
