@@ -574,17 +574,27 @@ def matmul_sweep_configs(shape) -> list:
     out = [base] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
   elif m_rows <= 16:
     out = [base] + dot
-  else:
+  elif m_rows < 256:
     out = [base] + [c for c in M.candidates(shape, jnp.bfloat16) if c.method != base.method][:3]
+  else:
+    # GEMM tiles that decode in registers (bytes: 4 code lanes, so 4 dots of block_groups
+    # each; words: 16 dots of block_groups / 4) against the decode-then-XLA-GEMM default.
+    out = [base] + [M(block_m=bm, block_n=bn, block_groups=g, num_warps=w, word_loads=words)
+                    for bm, bn, g, w, words in [(128, 128, 64, 8, False), (128, 128, 32, 8, False),
+                                                (64, 128, 64, 4, False), (128, 256, 32, 8, False),
+                                                (128, 128, 128, 8, True)]]
   return list(dict.fromkeys(out))
 
 
 def part_matmul(args, budget, out) -> None:
   interpret = args.quick
   shapes = [(48, 16 * 5)] if args.quick else [(4096, 4096), (8192, 8192)]
-  batches = (1, 4) if args.quick else (1, 4, 16)
-  cases = [(m, shape) for shape in shapes for m in batches] + \
-      ([] if args.quick else [(64, (4096, 4096))])
+  if args.batches:
+    batches, extra = tuple(int(m) for m in args.batches.split(",")), []
+  else:
+    batches = (1, 4) if args.quick else (1, 4, 16)
+    extra = [] if args.quick else [(64, (4096, 4096))]
+  cases = [(m, shape) for shape in shapes for m in batches] + extra
   weights = {}
   for shape in shapes:
     # One copy per call of a timed group: calls sharing a weight let XLA merge the dense
@@ -764,6 +774,8 @@ def main(argv=None):
   parser.add_argument("--inner", type=int, default=None)
   parser.add_argument("--budget", type=float, default=1e9,
                       help="seconds after which no new case starts")
+  parser.add_argument("--batches", default=None,
+                      help="matmul part: comma-separated M (default 1,4,16 and M=64 at 4096^2)")
   parser.add_argument("--only", default=None,
                       help="check part: only the cases whose name matches this regex")
   parser.add_argument("--before-matmul", default=None,
