@@ -213,6 +213,15 @@ def relative_error(y, y_ref) -> dict:
 # Shared helpers.
 
 
+def _case_label(config) -> str:
+  """A sweep item's label: a baseline's name, ``("before", config)``, or a config."""
+  if isinstance(config, str):
+    return config
+  if isinstance(config, tuple):
+    return f"before {_short(config[1])}"
+  return _short(config)
+
+
 def _short(config) -> str:
   """A config without its defaults, for table rows."""
   fields = type(config).__dataclass_fields__
@@ -630,9 +639,7 @@ def part_matmul(args, budget, out) -> None:
     per_case[(m_rows, shape)] = ["bf16_matmul"] + configs
   for (m_rows, shape), config in _ranked(per_case):
     tag = f"M={m_rows} {shape[0]}x{shape[1]}"
-    label = (config if isinstance(config, str) else
-             f"before {_short(config[1])}" if isinstance(config, tuple) else _short(config))
-    name = f"{tag} {label}"
+    name = f"{tag} {_case_label(config)}"
     if not budget.allows(name):
       continue
     packs = weights[shape]
@@ -647,13 +654,13 @@ def part_matmul(args, budget, out) -> None:
         x0 = jax.random.normal(jax.random.key(100), (m_rows, shape[1]), jnp.bfloat16)
         y_refs[(m_rows, shape)] = reference.ternary_matmul_reference(
             x0, *packs[0], C=C, out_dtype=jnp.float32)
-      kernels, label = matmul_kernels, ""
+      kernels, kernel_config = matmul_kernels, config
       if isinstance(config, tuple):  # ("before", config): the frozen kernels of --before-matmul.
-        kernels, label, config = _before_matmul(args.before_matmul), "before ", config[1]
+        kernels, kernel_config = _before_matmul(args.before_matmul), config[1]
       call = functools.partial(kernels.ternary_matmul, C=C, out_dtype=jnp.bfloat16,
-                               config=config, interpret=interpret)
+                               config=kernel_config, interpret=interpret)
       row = _guard(measure, m_rows, shape, call, packs, y_refs[(m_rows, shape)])
-      row["config"] = label + _short(config)
+      row["config"] = _case_label(config)
       base = bf16_seconds.get((m_rows, shape))
       if row.get("seconds") and base:
         row["speedup_vs_bf16"] = base["seconds"] / row["seconds"]
@@ -709,9 +716,7 @@ def part_from_io(args, budget, out) -> None:
   inputs, dense_seconds, expected_of = {}, {}, {}
   for m_rows, config in _ranked(per_case):
     tag = f"M={m_rows} {out_features}x{in_features} bf16"
-    label = (config if isinstance(config, str) else
-             f"before {_short(config[1])}" if isinstance(config, tuple) else _short(config))
-    name = f"{tag} {label}"
+    name = f"{tag} {_case_label(config)}"
     if not budget.allows(name):
       continue
     if m_rows not in inputs:
