@@ -116,7 +116,8 @@ def table(rows: list[dict], columns: list[str]) -> str:
   return "\n".join(lines)
 
 
-def device_busy(fn: Callable, *args, calls: int = 20) -> dict[str, Any] | None:
+def device_busy(fn: Callable, *args, calls: int = 20,
+                arg_sets: list[tuple] | None = None) -> dict[str, Any] | None:
   """Device time per call of a jitted ``fn``: the sum of its kernels' durations.
 
   Kernel activity comes from CUPTI through ``torch.profiler`` (which records
@@ -124,6 +125,10 @@ def device_busy(fn: Callable, *args, calls: int = 20) -> dict[str, Any] | None:
   gaps are left out: ``busy_ms`` is what the GPU spends per call, and
   ``kernels`` splits it by kernel name (ms per call). Returns None where
   PyTorch with CUDA is not installed (no GPU, or the CPU machine).
+
+  ``arg_sets`` (instead of ``args``) gives each call its own arguments, for a
+  ``fn`` that donates them: the first set warms up, the others are profiled
+  (all are made before profiling starts, so making them is not counted).
   """
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -132,10 +137,17 @@ def device_busy(fn: Callable, *args, calls: int = 20) -> dict[str, Any] | None:
     return None
   if not torch.cuda.is_available() or jax.default_backend() != "gpu":
     return None
-  jax.block_until_ready(fn(*args))
+  if arg_sets is None:
+    arg_sets = [args] * (calls + 1)
+  calls = len(arg_sets) - 1
+  if calls < 1:
+    raise ValueError(f"device_busy needs at least 2 arg_sets (warm-up + one call), got "
+                     f"{len(arg_sets)}")
+  jax.block_until_ready(arg_sets)
+  jax.block_until_ready(fn(*arg_sets[0]))
   with profile(activities=[ProfilerActivity.CUDA]) as prof:
-    for _ in range(calls):
-      jax.block_until_ready(fn(*args))
+    for call_args in arg_sets[1:]:
+      jax.block_until_ready(fn(*call_args))
   kernels: dict[str, float] = {}
   for event in prof.events():
     if str(getattr(event, "device_type", "")).endswith("CUDA") and event.device_time > 0:

@@ -26,6 +26,14 @@ case, and prints each row as it completes):
 * ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024) on
   4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
   then larger tiles, ``block_m`` and ``num_stages``.
+* ``tune``: the library's autotuners (:mod:`jaxnoise.ops.ternary.tuning`,
+  screen included) at the update, matmul and from_io shapes above; every
+  candidate's fate is recorded, and the heuristic and the selected config are
+  then timed side by side in device time.
+
+The update and from_io parts report device busy time next to the wall clock
+(updates chained ``--inner`` deep, each profiled call on a fresh state), and
+the update part's fraction of copy bandwidth both ways.
 
 Sweeps interleave their cases by rank (every case's best-guess candidates run
 before any case's long tail), so a budget cut drops the least likely configs.
@@ -78,11 +86,11 @@ HYPER = (0.05, 1e-3, 0.99, 1e-8)  # lr, lr_scale, rms_beta, rms_eps
 L2_BYTES = 50 * 2**20  # H200: 50 MiB; weight copies per group cover >= 2x this.
 
 
-def _before_matmul(path: str):
-  """The packed-matmul kernel module at ``path`` (a frozen copy), imported once."""
+def _frozen_module(path: str):
+  """The kernel module at ``path`` (a frozen copy of an earlier state), imported once."""
   import importlib.util  # pylint: disable=g-import-not-at-top
   if path not in _BEFORE:
-    spec = importlib.util.spec_from_file_location("before_ternary_matmul", path)
+    spec = importlib.util.spec_from_file_location(f"before_{len(_BEFORE)}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     _BEFORE[path] = module
@@ -253,19 +261,28 @@ def chained(update_fn, inner: int):
   return jax.jit(run, donate_argnums=(0, 1, 2))
 
 
-def copy_bandwidth(args) -> float:
-  """Device-to-device copy bandwidth (read + write bytes per second), best of two forms."""
+def copy_bandwidth(args) -> dict:
+  """Device-to-device copy bandwidth (read + write bytes per second), best of two forms.
+
+  ``"wall"`` from the wall clock of 4 copies per call, ``"device"`` from their
+  kernels' busy time (CUPTI; absent without PyTorch's CUDA build).
+  """
   n = (1 << 18) if args.quick else (1 << 28)
   inputs = tuple(jnp.ones((n,), jnp.float32) + i for i in range(4))
-  best = 0.0
+  moved = 2 * 4 * n * len(inputs)
+  best = {"wall": 0.0}
   for fn in (jax.jit(lambda xs: tuple(jnp.copy(x) for x in xs)),
              jax.jit(lambda xs: tuple(x * 2.0 for x in xs))):
-    seconds = median_time(fn, lambda: (inputs,), samples=args.samples)["median_s"] / len(inputs)
-    best = max(best, 2 * 4 * n / seconds)
+    seconds = median_time(fn, lambda: (inputs,), samples=args.samples)["median_s"]
+    best["wall"] = max(best["wall"], moved / seconds)
+    busy = _harness.device_busy(fn, inputs, calls=5)
+    if busy is not None:
+      best["device"] = max(best.get("device", 0.0), moved / (busy["busy_ms"] / 1e3))
   return best
 
 
 def time_update(args, update_fn, shape, dtype, copy_bps) -> dict:
+  """Wall clock of ``args.inner`` chained updates per call, and their device busy time."""
   grad = jax.random.normal(jax.random.key(4), shape, dtype)
   run = chained(update_fn, args.inner)
   key = jax.random.key(5)
@@ -273,8 +290,16 @@ def time_update(args, update_fn, shape, dtype, copy_bps) -> dict:
                        samples=args.samples)
   seconds = timing["median_s"] / args.inner
   moved = update_bytes(*shape, jnp.dtype(dtype).itemsize)
-  return {"seconds": seconds, "bytes_per_s": moved / seconds,
-          "fraction_of_copy": moved / seconds / copy_bps}
+  row = {"seconds": seconds, "bytes_per_s": moved / seconds,
+         "fraction_of_copy": moved / seconds / copy_bps["wall"]}
+  if "device" in copy_bps:  # Each call donates its state: a fresh one per profiled call.
+    busy = _harness.device_busy(lambda p, s, v: run(p, s, v, grad),
+                                arg_sets=[make_state(key, *shape) for _ in range(4)])
+    if busy is not None:
+      row["device_s"] = busy["busy_ms"] / 1e3 / args.inner
+      row["kernels_ms"] = {k: v / args.inner for k, v in busy["kernels"].items()}
+      row["device_fraction_of_copy"] = moved / row["device_s"] / copy_bps["device"]
+  return row
 
 
 def _copies(packed_bytes: int, quick: bool) -> int:
@@ -485,17 +510,24 @@ def update_sweep_configs(shape, dtype) -> list:
 def part_update(args, budget, out) -> None:
   interpret = args.quick
   copy_bps = out["copy_bytes_per_s"] = copy_bandwidth(args)
-  budget.report(f"copy bandwidth {copy_bps / 1e12:.3f} TB/s")
+  budget.report("copy bandwidth " + ", ".join(f"{k} {v / 1e12:.3f} TB/s"
+                                              for k, v in copy_bps.items()))
   f32, bf16 = jnp.float32, jnp.bfloat16
   cases = [((64, 16 * 33), f32), ((40, 4 * 37), f32)] if args.quick else \
       [((8192, 8192), f32), ((8192, 8192), bf16), ((1000, 3996), f32), ((1536, 2304), f32)]
   rows = out["cases"] = {}
+  befores = []
   if args.before:
-    for shape, dtype in cases:
-      name = f"{shape[0]}x{shape[1]} {jnp.dtype(dtype).name} before"
+    befores.append(("before", functools.partial(_baseline().counter_update, C=C, lagged=False,
+                                                interpret=interpret)))
+  if args.before_update:  # The frozen module at today's heuristic config, not screened.
+    frozen = _frozen_module(args.before_update)
+    befores.append(("frozen", lambda *a, **k: frozen.counter_update(
+        *a, C=C, lagged=False, config=None, interpret=interpret)))
+  for shape, dtype in cases:
+    for label, fn in befores:
+      name = f"{shape[0]}x{shape[1]} {jnp.dtype(dtype).name} {label}"
       if budget.allows(name):
-        fn = functools.partial(_baseline().counter_update, C=C, lagged=False,
-                               interpret=interpret)
         rows[name] = _guard(time_update, args, fn, shape, dtype, copy_bps)
         budget.report(f"{name:<100} {_describe_time(rows[name], copy_bps)}")
   per_case = {(shape, dtype): update_sweep_configs(shape, dtype)[: (2 if args.quick else None)]
@@ -536,10 +568,14 @@ def _describe_time(row, copy_bps=None) -> str:
     text += f"  {row['device_speedup_vs_bf16']:.2f}x of bf16 (device)"
   if "fraction_of_copy" in row:
     text += f"  {100 * row['fraction_of_copy']:5.1f}% of copy"
+  if "device_fraction_of_copy" in row:
+    text += f" ({100 * row['device_fraction_of_copy']:5.1f}% device)"
   if "speedup_vs_bf16" in row:
     text += f"  {row['speedup_vs_bf16']:.2f}x of bf16 matmul"
   if "time_vs_gemm_plus_update" in row:
     text += f"  x{row['time_vs_gemm_plus_update']:.2f} of GEMM+update"
+  if "device_vs_gemm_plus_update" in row:
+    text += f" (x{row['device_vs_gemm_plus_update']:.2f} device)"
   return text
 
 
@@ -656,7 +692,7 @@ def part_matmul(args, budget, out) -> None:
             x0, *packs[0], C=C, out_dtype=jnp.float32)
       kernels, kernel_config = matmul_kernels, config
       if isinstance(config, tuple):  # ("before", config): the frozen kernels of --before-matmul.
-        kernels, kernel_config = _before_matmul(args.before_matmul), config[1]
+        kernels, kernel_config = _frozen_module(args.before_matmul), config[1]
       call = functools.partial(kernels.ternary_matmul, C=C, out_dtype=jnp.bfloat16,
                                config=kernel_config, interpret=interpret)
       row = _guard(measure, m_rows, shape, call, packs, y_refs[(m_rows, shape)])
@@ -747,6 +783,12 @@ def part_from_io(args, budget, out) -> None:
                            lambda: make_state(state_key, out_features, in_features),
                            samples=max(3, args.samples // 2))
       row["seconds"] = timing["median_s"] / inner
+      busy = _harness.device_busy(
+          lambda p, s, v: run(p, s, v, x, grad_out),
+          arg_sets=[make_state(state_key, out_features, in_features) for _ in range(4)])
+      if busy is not None:
+        row["device_s"] = busy["busy_ms"] / 1e3 / inner
+        row["kernels_ms"] = {k: v / inner for k, v in busy["kernels"].items()}
       if config == "gemm_plus_update" or config == per_case[m_rows][1]:
         row["memory"] = memory(lambda p, s, v, x, g: fn(p, s, v, x, g, hyper_array(),
                                                          jnp.ones((1,), jnp.uint32)),
@@ -755,10 +797,130 @@ def part_from_io(args, budget, out) -> None:
 
     row = rows[name] = _guard(measure)
     if config == "gemm_plus_update":
-      dense_seconds[m_rows] = row.get("seconds")
-    elif row.get("seconds") and dense_seconds.get(m_rows):
-      row["time_vs_gemm_plus_update"] = row["seconds"] / dense_seconds[m_rows]
+      dense_seconds[m_rows] = row
+    elif row.get("seconds") and dense_seconds.get(m_rows, {}).get("seconds"):
+      dense = dense_seconds[m_rows]
+      row["time_vs_gemm_plus_update"] = row["seconds"] / dense["seconds"]
+      if "device_s" in row and "device_s" in dense:
+        row["device_vs_gemm_plus_update"] = row["device_s"] / dense["device_s"]
     budget.report(f"{name:<100} {_describe_time(row)}")
+
+
+# ----------------------------------------------------------------------------
+# Part: the library's autotuners (jaxnoise.ops.ternary.tuning) on this device.
+
+
+def _record_row(record) -> dict:
+  """A tuning record as JSON: every candidate's status, deviation and seconds."""
+  return {"selected": _short(record.selected) if record.selected is not None else None,
+          "candidates": [{"config": _short(c.config), "status": c.status,
+                          "deviation": c.deviation, "seconds": c.seconds, "error": c.error}
+                         for c in record.candidates]}
+
+
+def part_tune(args, budget, out) -> None:
+  """Runs the three ternary tuners at the benchmark shapes and times the winner.
+
+  The tuner times by wall clock (queued calls, see ``jaxnoise.ops.autotune``);
+  here the heuristic and the selected config are then timed side by side in
+  device time as the other parts do (updates chained, matmuls on a weight copy
+  per call), so a selection that only won on noise shows up.
+  """
+  from jaxnoise.ops import autotune  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import tuning  # pylint: disable=g-import-not-at-top
+  implementation = "interpret" if args.quick else "pallas"
+  interpret = args.quick
+  f32, bf16 = jnp.float32, jnp.bfloat16
+  copy_bps = out["copy_bytes_per_s"] = copy_bandwidth(args)
+  rows = out["cases"] = {}
+  update_cases = [((40, 4 * 37), f32)] if args.quick else \
+      [((8192, 8192), f32), ((8192, 8192), bf16), ((1536, 2304), f32), ((1000, 3996), f32)]
+  for shape, dtype in update_cases:
+    name = f"counter_update {shape[0]}x{shape[1]} {jnp.dtype(dtype).name}"
+    if not budget.allows(name):
+      continue
+
+    def tune_update(shape=shape, dtype=dtype):
+      state = make_state(jax.random.key(20), *shape)
+      grad = jax.random.normal(jax.random.key(21), shape, dtype)
+      start = time.perf_counter()
+      record = tuning.tune_counter_update(*state, grad, C=C, implementation=implementation,
+                                          repeats=3 if args.quick else 10)
+      row = {**_record_row(record), "tune_s": time.perf_counter() - start, "timed": {}}
+      heuristic = config_lib.CounterUpdateConfig.get_heuristics_config(shape, dtype)
+      for label, config in (("heuristic", heuristic), ("selected", record.selected)):
+        fn = functools.partial(update_kernels.counter_update, C=C, lagged=False, config=config,
+                               interpret=interpret)
+        row["timed"][label] = {"config": _short(config),
+                               **time_update(args, fn, shape, dtype, copy_bps)}
+        if record.selected == heuristic:
+          break
+      return row
+
+    rows[name] = _guard(tune_update)
+    budget.report(f"{name:<60} {_describe_tune(rows[name])}")
+
+  matmul_cases = [(3, (48, 16 * 5))] if args.quick else \
+      [(m, (n, n)) for n in (4096, 8192) for m in (1, 4, 16, 256)]
+  for m_rows, shape in matmul_cases:
+    name = f"ternary_matmul M={m_rows} {shape[0]}x{shape[1]} bfloat16"
+    if not budget.allows(name):
+      continue
+
+    def tune_matmul(m_rows=m_rows, shape=shape):
+      n_copies = 2 if args.quick else max(2, _copies(shape[0] * shape[1] * 3 // 4, False))
+      packs = [make_state(jax.random.key(30 + i), *shape)[:2] for i in range(n_copies + 1)]
+      x = jax.random.normal(jax.random.key(31), (m_rows, shape[1]), bf16)
+      start = time.perf_counter()
+      record = tuning.tune_matmul(x, *packs[0], C=C, implementation=implementation,
+                                  repeats=3 if args.quick else 10)
+      row = {**_record_row(record), "tune_s": time.perf_counter() - start, "timed": {}}
+      heuristic = config_lib.MatmulConfig.get_heuristics_config((m_rows,) + shape, bf16)
+      for label, config in (("heuristic", heuristic), ("selected", record.selected)):
+        call = jax.jit(functools.partial(matmul_kernels.ternary_matmul, C=C, out_dtype=bf16,
+                                         config=config, interpret=interpret))
+        busy = _harness.device_busy(call, arg_sets=[(x, *pack) for pack in packs])
+        row["timed"][label] = {"config": _short(config),
+                               "device_s": None if busy is None else busy["busy_ms"] / 1e3}
+        if record.selected == heuristic:
+          break
+      return row
+
+    rows[name] = _guard(tune_matmul)
+    budget.report(f"{name:<60} {_describe_tune(rows[name])}")
+
+  from_io_shape = (64, 16 * 40) if args.quick else (4096, 4096)
+  for m_rows in (64,) if args.quick else (1024, 4096):
+    name = f"counter_update_from_io M={m_rows} {from_io_shape[0]}x{from_io_shape[1]} bfloat16"
+    if not budget.allows(name):
+      continue
+
+    def tune_from_io(m_rows=m_rows):
+      state = make_state(jax.random.key(40), *from_io_shape)
+      x = jax.random.normal(jax.random.key(41), (m_rows, from_io_shape[1]), bf16)
+      grad_out = jax.random.normal(jax.random.key(42), (m_rows, from_io_shape[0]), bf16)
+      start = time.perf_counter()
+      record = tuning.tune_counter_update_from_io(*state, x, grad_out, C=C,
+                                                  implementation=implementation,
+                                                  repeats=3 if args.quick else 10)
+      return {**_record_row(record), "tune_s": time.perf_counter() - start}
+
+    rows[name] = _guard(tune_from_io)
+    budget.report(f"{name:<60} {_describe_tune(rows[name])}")
+  autotune.clear()
+
+
+def _describe_tune(row) -> str:
+  if "candidates" not in row:
+    return str(row)[:160]
+  statuses = [c["status"] for c in row["candidates"]]
+  text = (f"{len(statuses)} candidates ({statuses.count('excluded')} excluded, "
+          f"{statuses.count('failed')} failed) in {row['tune_s']:.0f} s; selected "
+          f"{'the heuristic' if len(row.get('timed', {})) == 1 else row['selected']}")
+  for label, timed in row.get("timed", {}).items():
+    if timed.get("device_s"):
+      text += f"; {label} {timed['device_s'] * 1e6:.1f} us device"
+  return text
 
 
 # ----------------------------------------------------------------------------
@@ -766,7 +928,7 @@ def part_from_io(args, budget, out) -> None:
 
 
 PARTS = {"check": part_check, "update": part_update, "matmul": part_matmul,
-         "from_io": part_from_io}
+         "from_io": part_from_io, "tune": part_tune}
 
 
 def main(argv=None):
@@ -785,6 +947,9 @@ def main(argv=None):
                       help="check part: only the cases whose name matches this regex")
   parser.add_argument("--before-matmul", default=None,
                       help="matmul part: also time the packed-matmul module at this path "
+                           "(a frozen copy of the kernels) at its heuristic")
+  parser.add_argument("--before-update", default=None,
+                      help="update part: also time the counter-update module at this path "
                            "(a frozen copy of the kernels) at its heuristic")
   parser.add_argument("--before", action="store_true",
                       help="update part: also time main's kernels (benchmarks/baseline_ternary)")

@@ -288,6 +288,21 @@ def test_autotune_raises_when_every_candidate_fails(rng):
   autotune.clear()
 
 
+def test_autotune_timing_queues_short_calls_per_sample(monkeypatch):
+  """A call much shorter than a sample is queued several times per timed sample."""
+  monkeypatch.setattr(autotune, "_SAMPLE_SECONDS", 0.05)
+  calls = []
+
+  def call():
+    calls.append(None)
+    return jnp.zeros(())
+
+  seconds = autotune._median_seconds(call, warmup=1, repeats=3)
+  queued = (len(calls) - 2) // 3  # one warm-up call, one sizing call
+  assert len(calls) == 2 + 3 * queued and queued > 1
+  assert 0 < seconds < 0.05
+
+
 def test_reference_never_holds_the_population_noise():
   """The reference builds the noise a chunk of individuals at a time."""
   pop, batch, out_features, in_features = 512, 4, 256, 512

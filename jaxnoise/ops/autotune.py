@@ -6,8 +6,9 @@ inputs. Every candidate's output is first compared with the op's reference
 (the pure-JAX implementation at full float32 precision); a candidate whose
 deviation ``max|out - ref| / max|ref|`` exceeds the tolerance, or that fails
 to compile or run, is *excluded* and recorded with its deviation or error,
-never dropped silently. The survivors are timed (median of ``repeats`` after
-warm-up) and the fastest is cached: later calls of the op with
+never dropped silently. The survivors are timed (median of ``repeats``
+samples after warm-up; each sample queues enough calls that host dispatch
+overlaps device work) and the fastest is cached: later calls of the op with
 ``config=None`` and the same key use it, also under ``jit``. Untuned keys use
 the op's heuristic config.
 
@@ -95,14 +96,29 @@ def _deviation(value, ref: np.ndarray) -> float:
   return float(np.abs(value - ref).max() / scale)
 
 
+# A timed sample queues calls until it spans about this long (at most
+# _MAX_QUEUED calls), so the host's dispatch of one call overlaps the device's
+# work on the previous ones: a call shorter than its dispatch (tens of
+# microseconds) would otherwise time the host, the same for every candidate.
+_SAMPLE_SECONDS = 2e-3
+_MAX_QUEUED = 64
+
+
 def _median_seconds(fn: Callable[[], Any], warmup: int, repeats: int) -> float:
+  """Median seconds per call of ``fn``, over ``repeats`` samples of queued calls."""
   for _ in range(warmup):
     jax.block_until_ready(fn())
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  single = time.perf_counter() - start
+  queued = max(1, min(_MAX_QUEUED, int(_SAMPLE_SECONDS / max(single, 1e-9))))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
+    for _ in range(queued):
+      out = fn()  # One device stream runs the calls in order: the last one ends the sample.
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - start) / queued)
   return statistics.median(times)
 
 
@@ -121,7 +137,8 @@ def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any],
     reference: computes the reference output once.
     tolerance: the largest accepted deviation from the reference.
     warmup: untimed calls per candidate (compilation included).
-    repeats: timed calls per candidate; the median is kept.
+    repeats: timed samples per candidate (each queues enough calls to span
+      about 2 ms); the median seconds per call is kept.
     deviation: ``deviation(output, reference_output) -> float`` (None:
       ``max|out - ref| / max|ref|`` on float64 copies). Ops whose outputs are
       not plain floats (packed codes) supply their own measure.

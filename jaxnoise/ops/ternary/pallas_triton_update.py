@@ -16,8 +16,9 @@ What keeps the per-element work low (the update is issue-bound at about 40
 instructions per weight, the budget at 80% of an H200's bandwidth is ~60
 for float32 gradients): packed codes are read and written as uint32 words
 (three per 16 codes) where rows allow; gradients in 16-byte vectors; the
-code's centre and the float -> int step are bit tricks
-(:func:`reference.code_center`, :func:`reference.floor_to_int`);
+code's centre is a bit trick (:func:`reference.code_center`) and the rounded
+value is clipped before its floor, so the floor is one truncation
+(:func:`reference.tick`);
 ``sum g * t`` selects ``+-g``; rows that are skipped are not stored at all
 (the codes are aliased in place), so no per-element select.
 
@@ -87,14 +88,14 @@ def _tile_stats(codes, grads, C):
   return jnp.sum(squares, axis=1), jnp.sum(signed, axis=1)
 
 
-def _tick_lanes(seed, rows, units, codes, grads, ratio_m1, step, *, C, codes_per_unit,
+def _tick_lanes(seed, rows, units, codes, grads, ratio, step, *, C, codes_per_unit,
                 in_features, high_word):
   """New code lanes of a tile (stochastic rounding at ``(seed, row * in + col)``)."""
   rows_u = rows.astype(jnp.uint32)[:, None]
   first_cols = (units * codes_per_unit).astype(jnp.uint32)[None, :]
   draws = ref_lib.rounding_draw_run(seed, rows_u, first_cols, codes_per_unit, in_features,
                                     high_word)
-  return [ref_lib.tick(code, grad, u, ratio_m1, step, None, C)
+  return [ref_lib.tick(code, grad, u, ratio, step, None, C)
           for code, grad, u in zip(codes, grads, draws)]
 
 
@@ -125,15 +126,15 @@ def _counter_update_kernel(hyper_ref, seed_ref, grad_ref, packed_ref, scale_ref,
     return u0, units, mask, codes, [g.astype(_F32) for g in grads]
 
   def finish_rows(sum_sq, sum_gt):
-    scale_new, v_new, ratio_m1, step, active = ref_lib.row_update(
+    scale_new, v_new, ratio, step, active = ref_lib.row_update(
         sum_sq, sum_gt, scale, v, hyper, in_features=in_features, C=C, lagged=lagged)
     _store_vector(scale_out_ref, r0, block_rows, scale_new, row_mask)
     _store_vector(v_out_ref, r0, block_rows, v_new, row_mask)
     _store_vector(skipped_ref, r0, block_rows, (~active).astype(_I32), row_mask)
-    return ratio_m1[:, None], step[:, None], active[:, None]
+    return ratio[:, None], step[:, None], active[:, None]
 
-  def update(size, u0, units, mask, codes, grads, ratio_m1, step, active):
-    new_codes = _tick_lanes(seed, rows, units, codes, grads, ratio_m1, step, C=C,
+  def update(size, u0, units, mask, codes, grads, ratio, step, active):
+    new_codes = _tick_lanes(seed, rows, units, codes, grads, ratio, step, C=C,
                             codes_per_unit=per_unit, in_features=in_features,
                             high_word=high_word)
     # Skipped rows are not written: the codes are updated in place, so they keep theirs.
@@ -143,9 +144,9 @@ def _counter_update_kernel(hyper_ref, seed_ref, grad_ref, packed_ref, scale_ref,
     # The whole row in registers: one read of the gradient and the codes.
     tiles = [(size, *load(u0, size)) for u0, size in chunks]
     sums = [_tile_stats(tile[4], tile[5], C) for tile in tiles]
-    ratio_m1, step, active = finish_rows(sum(s[0] for s in sums), sum(s[1] for s in sums))
+    ratio, step, active = finish_rows(sum(s[0] for s in sums), sum(s[1] for s in sums))
     for tile in tiles:
-      update(*tile, ratio_m1, step, active)
+      update(*tile, ratio, step, active)
     return
 
   n_loop = _cdiv(n_units, loop_units)
@@ -156,10 +157,10 @@ def _counter_update_kernel(hyper_ref, seed_ref, grad_ref, packed_ref, scale_ref,
     return totals[0] + tile_sq, totals[1] + tile_gt
 
   zeros = jnp.zeros((block_rows,), _F32)
-  ratio_m1, step, active = finish_rows(*jax.lax.fori_loop(0, n_loop, accumulate, (zeros, zeros)))
+  ratio, step, active = finish_rows(*jax.lax.fori_loop(0, n_loop, accumulate, (zeros, zeros)))
 
   def apply(j, carry):
-    update(loop_units, *load(j * loop_units, loop_units), ratio_m1, step, active)
+    update(loop_units, *load(j * loop_units, loop_units), ratio, step, active)
     return carry
 
   jax.lax.fori_loop(0, n_loop, apply, ())
@@ -279,13 +280,13 @@ def _io_fused_kernel(hyper_ref, seed_ref, x_ref, grad_out_ref, packed_ref, scale
   in_features = layout.codes * tile["n_units"]
   scale = _load_vector(scale_ref, r0, block_rows, row_mask, 1.0)
   v = _load_vector(v_ref, r0, block_rows, row_mask, 0.0)
-  scale_new, v_new, ratio_m1, step, active = ref_lib.row_update(
+  scale_new, v_new, ratio, step, active = ref_lib.row_update(
       sum_sq, sum_gt, scale, v, _read_hyper(hyper_ref), in_features=in_features, C=C,
       lagged=lagged)
   _store_vector(scale_out_ref, r0, block_rows, scale_new, row_mask)
   _store_vector(v_out_ref, r0, block_rows, v_new, row_mask)
   _store_vector(skipped_ref, r0, block_rows, (~active).astype(_I32), row_mask)
-  new_codes = _tick_lanes(seed_ref[0], rows, units, codes, grads, ratio_m1[:, None],
+  new_codes = _tick_lanes(seed_ref[0], rows, units, codes, grads, ratio[:, None],
                           step[:, None], C=C, codes_per_unit=layout.codes,
                           in_features=in_features, high_word=high_word)
   store_unit_codes(packed_out_ref, r0, block_rows, 0, tile["block_units"], new_codes,
@@ -311,10 +312,10 @@ def _io_apply_kernel(seed_ref, x_ref, grad_out_ref, ratio_ref, step_ref, active_
   u0 = pl.program_id(1) * tile["block_units"]
   rows, units, row_mask, mask, codes, grads = _io_tile(x_ref, grad_out_ref, packed_ref, r0, u0,
                                                        **tile)
-  ratio_m1 = _load_vector(ratio_ref, r0, block_rows, row_mask, 0.0)[:, None]
+  ratio = _load_vector(ratio_ref, r0, block_rows, row_mask, 1.0)[:, None]
   step = _load_vector(step_ref, r0, block_rows, row_mask, 0.0)[:, None]
   active = (_load_vector(active_ref, r0, block_rows, row_mask, 0) != 0)[:, None]
-  new_codes = _tick_lanes(seed_ref[0], rows, units, codes, grads, ratio_m1, step, C=C,
+  new_codes = _tick_lanes(seed_ref[0], rows, units, codes, grads, ratio, step, C=C,
                           codes_per_unit=layout.codes, in_features=layout.codes * tile["n_units"],
                           high_word=high_word)
   store_unit_codes(packed_out_ref, r0, block_rows, u0, tile["block_units"], new_codes,
@@ -379,7 +380,7 @@ def counter_update_from_io(packed, scale, v, x, grad_out, hyper, seed, *, C: int
       functools.partial(_io_stats_kernel, C=C, **tile), name="ternary_from_io_stats", grid=grid,
       out_shape=(partial_shape, partial_shape), config=config, interpret=interpret,
   )(x, grad_out, units)
-  new_scale, new_v, ratio_m1, step, active = ref_lib.row_update(
+  new_scale, new_v, ratio, step, active = ref_lib.row_update(
       sum_sq.sum(axis=1), sum_gt.sum(axis=1), scale, v, hyper, in_features=in_features, C=C,
       lagged=lagged)
   new_units = _call(
@@ -387,5 +388,5 @@ def counter_update_from_io(packed, scale, v, x, grad_out, hyper, seed, *, C: int
       name="ternary_from_io_update", grid=grid,
       out_shape=jax.ShapeDtypeStruct(units.shape, units.dtype), config=config,
       interpret=interpret, input_output_aliases={6: 0},
-  )(seed, x, grad_out, ratio_m1, step, active.astype(_I32), units)
+  )(seed, x, grad_out, ratio, step, active.astype(_I32), units)
   return packed_bytes(new_units, layout), new_scale, new_v, ~active

@@ -211,8 +211,8 @@ def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lag
     lagged: use the old ``v`` in the denominator.
 
   Returns:
-    ``(scale_out, v_out, ratio_m1, step, active)``: the new scale and state
-    (unchanged on skipped rows), ``s / s' - 1``, ``lr * lv / d`` and a bool
+    ``(scale_out, v_out, ratio, step, active)``: the new scale and state
+    (unchanged on skipped rows), ``s / s'``, ``lr * lv / d`` and a bool
     that is False on rows skipped for a non-finite gradient or an invalid
     ``scale`` / ``v``.
   """
@@ -225,15 +225,15 @@ def row_update(sum_sq, sum_gt, scale, v, hyper, *, in_features: int, C: int, lag
   scale_new = jnp.clip(scale - lr_scale * grad_scale, _F32(SCALE_MIN), _F32(SCALE_MAX))
   # A row with an invalid state (scale <= 0, v < 0, NaN or inf: only from
   # hand-made or traced state; the API rejects concrete ones) is skipped too.
-  ratio_m1 = scale / scale_new - _F32(1.0)
+  ratio = scale / scale_new
   step = (lr * _F32(lv)) / denom
   # A non-finite step or ratio (only from traced non-finite hyperparameters:
   # the API rejects concrete ones) skips the row as well.
   active = (is_finite(sum_sq) & is_finite(sum_gt) & (scale > 0) & is_finite(scale)
-            & (v >= 0) & is_finite(v) & is_finite(step) & is_finite(ratio_m1))
+            & (v >= 0) & is_finite(v) & is_finite(step) & is_finite(ratio))
   scale_out = jnp.where(active, scale_new, scale)
   v_out = jnp.where(active, v_new, v)
-  return scale_out, v_out, ratio_m1, step, active
+  return scale_out, v_out, ratio, step, active
 
 
 def code_center(codes, C: int):
@@ -246,37 +246,28 @@ def code_center(codes, C: int):
   return biased - _F32(8388608.0 + 1.5 * levels(C) - 0.5)
 
 
-# floor(z) + 1.5 * 2**23 has the integer floor(z) in its low mantissa bits
-# while |floor(z)| < 2**22; the bitcast and one integer subtraction give it.
-_ROUND_MAGIC = 12582912.0
-_ROUND_MAGIC_BITS = 0x4B400000
+def tick(codes, grad, u, ratio, step, active, C: int):
+  """New int32 codes: SPEC's ``clip(floor((p' + 1.5) lv - 0.5 + u), 0, 3lv - 1)`` on active rows.
 
+  With ``p = (c + 0.5) / lv - 1.5`` the rounded quantity is
+  ``ratio (c + 0.5 - 1.5 lv) + (1.5 lv - 0.5) - step g + u``: the code's
+  centre ``p lv`` under the rescale ``ratio = s / s'``, shifted back to code
+  units (``1.5 lv - 0.5`` is an integer as ``lv`` is odd, so an unchanged
+  scale gives back ``c`` exactly), the gradient step and the draw.
+  It is clipped to ``[0, 3lv - 1]`` *before* the floor (the same codes, as
+  the bounds are integers), so the floor of a non-negative value is a plain
+  float -> int truncation (no floor, no magic-number add).
 
-def floor_to_int(value):
-  """int32 ``floor(value)`` of finite float32 ``|value| < 2**22``, with no float -> int conversion."""
-  shifted = jnp.floor(value) + _F32(_ROUND_MAGIC)
-  return jax.lax.bitcast_convert_type(shifted, jnp.int32) - _ROUND_MAGIC_BITS
-
-
-def tick(codes, grad, u, ratio_m1, step, active, C: int, bitwise: bool = False):
-  """New int32 codes: ``clip(c + floor(delta + u), 0, 3lv - 1)`` on active rows.
-
-  ``codes``, ``grad`` and ``u`` are element arrays; ``ratio_m1``, ``step``
+  ``codes``, ``grad`` and ``u`` are element arrays; ``ratio``, ``step``
   and ``active`` broadcast against them (per row); ``active=None`` returns
   the moved codes of every row (a kernel that skips the store of inactive
-  rows instead). The code's centre is :func:`code_center` and the float ->
-  int step :func:`floor_to_int` (bit tricks equal to the conversions, at
-  full rate); both are exact, so ``bitwise`` (kept for callers) changes
-  nothing. ``delta`` is finite on active rows (:func:`row_update` checks the
-  row's step and ratio), and clipped to ``[-4lv, 4lv]`` so the trick stays
-  exact.
+  rows instead). On active rows every term is finite (:func:`row_update`
+  checks the row's step and ratio).
   """
-  del bitwise
   lv = levels(C)
-  delta = ratio_m1 * code_center(codes, C) - step * grad.astype(_F32)
-  delta = jnp.clip(delta, _F32(-4 * lv), _F32(4 * lv))
-  moved = codes + floor_to_int(delta + u)
-  moved = jnp.clip(moved, 0, 3 * lv - 1)
+  center = code_center(codes, C)
+  z = ratio * center + _F32(1.5 * lv - 0.5) - step * grad.astype(_F32) + u
+  moved = jnp.clip(z, _F32(0.0), _F32(3 * lv - 1)).astype(jnp.int32)
   if active is None:
     return moved
   return jnp.where(active, moved, codes)
@@ -395,12 +386,12 @@ def counter_update_reference(
   t = ternary_of(codes, C).astype(_F32)
   sum_sq = jnp.sum(grad * grad, axis=1)
   sum_gt = jnp.sum(grad * t, axis=1)
-  scale_out, v_out, ratio_m1, step, active = row_update(
+  scale_out, v_out, ratio, step, active = row_update(
       sum_sq, sum_gt, scale, v, hyper, in_features=in_features, C=C, lagged=lagged)
   rows = jax.lax.broadcasted_iota(jnp.uint32, (out_features, 1), 0)
   cols = jax.lax.broadcasted_iota(jnp.uint32, (1, in_features), 1)
   u = rounding_draw(seed, rows, cols, in_features, needs_high_word(out_features, in_features))
-  new_codes = tick(codes, grad, u, ratio_m1[:, None], step[:, None], active[:, None], C)
+  new_codes = tick(codes, grad, u, ratio[:, None], step[:, None], active[:, None], C)
   return pack_codes_reference(new_codes), scale_out, v_out, ~active
 
 

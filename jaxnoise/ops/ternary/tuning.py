@@ -66,6 +66,24 @@ def _resolve(candidates, heuristic):
   return [heuristic if c is None else c for c in candidates]
 
 
+def _jitted_per_config(op, implementation: str, *operands):
+  """``run(config)``: ``op`` on ``operands``, jitted once per config.
+
+  Under ``jit`` the op's checks of concrete values (every code in range, a
+  positive scale) run at trace time only, so the timed calls are the kernels
+  and not a host-side scan of the state.
+  """
+  compiled = {}
+
+  def run(config):
+    if config not in compiled:
+      compiled[config] = jax.jit(functools.partial(op, implementation=implementation,
+                                                   config=config))
+    return compiled[config](*operands)
+
+  return run
+
+
 def update_deviation(result, expected) -> float:
   """Fraction of codes that differ between two update results (``inf`` past SPEC's bounds).
 
@@ -113,7 +131,8 @@ def tune_counter_update(packed, scale, v, grad_w, *, C: int, lagged: bool = Fals
     candidates: configs to try (None: :meth:`CounterUpdateConfig.candidates`;
       a None entry stands for the heuristic).
     tolerance: accepted fraction of codes off by one.
-    repeats: timed calls per candidate.
+    repeats: timed samples per candidate (each queues calls, see
+      :mod:`jaxnoise.ops.autotune`).
 
   Returns:
     The tuning record (every candidate with its deviation and time).
@@ -125,9 +144,7 @@ def tune_counter_update(packed, scale, v, grad_w, *, C: int, lagged: bool = Fals
     candidates = config_lib.CounterUpdateConfig.candidates(shape, dtype)
   hyper = _update_hyper(C, shape[1])
   op = functools.partial(counter_update, lagged=lagged, donate=False, **hyper)
-
-  def run(config):
-    return tuple(op(packed, scale, v, grad_w, implementation=implementation, config=config))
+  run = _jitted_per_config(op, implementation, packed, scale, v, grad_w)
 
   op_name, key = config_lib.counter_update_key(implementation, shape, dtype)
   return autotune.tune(
@@ -157,10 +174,7 @@ def tune_counter_update_from_io(packed, scale, v, x, grad_out, *, C: int, lagged
     candidates = config_lib.FromIOConfig.candidates(shape, dtype)
   hyper = _update_hyper(C, in_features)
   op = functools.partial(counter_update_from_io, lagged=lagged, donate=False, **hyper)
-
-  def run(config):
-    return tuple(op(packed, scale, v, x, grad_out, implementation=implementation,
-                    config=config))
+  run = _jitted_per_config(op, implementation, packed, scale, v, x, grad_out)
 
   op_name, key = config_lib.from_io_key(implementation, m_rows, out_features, in_features, dtype)
   return autotune.tune(
@@ -181,7 +195,8 @@ def tune_matmul(x, packed, scale, *, C: int, out_dtype: Any = None,
     candidates: configs to try (None: :meth:`MatmulConfig.candidates`; a
       None entry stands for the heuristic).
     tolerance: accepted ``max|y - ref| / max|ref|`` (None: by ``x``'s dtype).
-    repeats: timed calls per candidate.
+    repeats: timed samples per candidate (each queues calls, see
+      :mod:`jaxnoise.ops.autotune`).
 
   Returns:
     The tuning record.
@@ -195,13 +210,7 @@ def tune_matmul(x, packed, scale, *, C: int, out_dtype: Any = None,
   if candidates is None:
     candidates = config_lib.MatmulConfig.candidates(shape, x.dtype)
   op = functools.partial(ternary_matmul, C=C, out_dtype=out_dtype)
-  compiled = {}
-
-  def run(config):
-    if config not in compiled:
-      compiled[config] = jax.jit(functools.partial(op, implementation=implementation,
-                                                   config=config))
-    return compiled[config](x, packed, scale)
+  run = _jitted_per_config(op, implementation, x, packed, scale)
 
   if tolerance is None:
     tolerance = _MATMUL_TOLERANCE.get(jnp.dtype(x.dtype), 1e-2)

@@ -71,7 +71,8 @@ def tune_perturbed_linear(x, weight, bias, seeds, sigma, offset: int = 0, *,
     candidates: configs to try (None: the heuristic and its neighbours;
       a None entry stands for the heuristic).
     tolerance: accepted deviation from the reference (None: by dtype).
-    repeats: timed calls per candidate.
+    repeats: timed samples per candidate (each queues calls, see
+      :mod:`jaxnoise.ops.autotune`).
 
   Returns:
     The tuning record (every candidate with its deviation and time).
