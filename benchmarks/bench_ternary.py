@@ -837,7 +837,7 @@ def part_tune(args, budget, out) -> None:
       [((8192, 8192), f32), ((8192, 8192), bf16), ((1536, 2304), f32), ((1000, 3996), f32)]
   for shape, dtype in update_cases:
     name = f"counter_update {shape[0]}x{shape[1]} {jnp.dtype(dtype).name}"
-    if not budget.allows(name):
+    if not budget.allows(name) or (args.only and not re.search(args.only, name)):
       continue
 
     def tune_update(shape=shape, dtype=dtype):
@@ -864,7 +864,7 @@ def part_tune(args, budget, out) -> None:
       [(m, (n, n)) for n in (4096, 8192) for m in (1, 4, 16, 256)]
   for m_rows, shape in matmul_cases:
     name = f"ternary_matmul M={m_rows} {shape[0]}x{shape[1]} bfloat16"
-    if not budget.allows(name):
+    if not budget.allows(name) or (args.only and not re.search(args.only, name)):
       continue
 
     def tune_matmul(m_rows=m_rows, shape=shape):
@@ -892,7 +892,7 @@ def part_tune(args, budget, out) -> None:
   from_io_shape = (64, 16 * 40) if args.quick else (4096, 4096)
   for m_rows in (64,) if args.quick else (1024, 4096):
     name = f"counter_update_from_io M={m_rows} {from_io_shape[0]}x{from_io_shape[1]} bfloat16"
-    if not budget.allows(name):
+    if not budget.allows(name) or (args.only and not re.search(args.only, name)):
       continue
 
     def tune_from_io(m_rows=m_rows):
@@ -903,7 +903,19 @@ def part_tune(args, budget, out) -> None:
       record = tuning.tune_counter_update_from_io(*state, x, grad_out, C=C,
                                                   implementation=implementation,
                                                   repeats=3 if args.quick else 10)
-      return {**_record_row(record), "tune_s": time.perf_counter() - start}
+      row = {**_record_row(record), "tune_s": time.perf_counter() - start, "timed": {}}
+      heuristic = config_lib.FromIOConfig.get_heuristics_config((m_rows,) + from_io_shape, bf16)
+      for label, config in (("heuristic", heuristic), ("selected", record.selected)):
+        run = chained(functools.partial(update_kernels.counter_update_from_io, C=C,
+                                        lagged=False, config=config, interpret=interpret), 2)
+        busy = _harness.device_busy(
+            lambda p, s, v, run=run: run(p, s, v, x, grad_out),
+            arg_sets=[make_state(jax.random.key(43), *from_io_shape) for _ in range(3)])
+        row["timed"][label] = {"config": _short(config),
+                               "device_s": None if busy is None else busy["busy_ms"] / 2e3}
+        if record.selected == heuristic:
+          break
+      return row
 
     rows[name] = _guard(tune_from_io)
     budget.report(f"{name:<60} {_describe_tune(rows[name])}")
@@ -944,7 +956,7 @@ def main(argv=None):
   parser.add_argument("--batches", default=None,
                       help="matmul part: comma-separated M (default 1,4,16 and M=64 at 4096^2)")
   parser.add_argument("--only", default=None,
-                      help="check part: only the cases whose name matches this regex")
+                      help="check and tune parts: only the cases whose name matches this regex")
   parser.add_argument("--before-matmul", default=None,
                       help="matmul part: also time the packed-matmul module at this path "
                            "(a frozen copy of the kernels) at its heuristic")

@@ -841,6 +841,27 @@ def test_tuning_screen_excludes_a_wrong_update_config_and_records_it(rng, monkey
   autotune.clear()
 
 
+@pytest.mark.parametrize("gain", [1.0, 1e3])
+def test_tuning_screen_step_moves_the_scale_by_about_one_percent(rng, gain):
+  """The screen's scale step follows the gradient's size: s' never collapses to its floor.
+
+  With a fixed ``lr_scale``, a large ``grad_out^T x`` drove ``s'`` to 1e-5, where
+  ``s / s'`` amplified last-bit differences into codes off by more than one.
+  """
+  from jaxnoise.ops.ternary import tuning  # pylint: disable=g-import-not-at-top
+  out_features, in_features, C = 33, 4 * 24, 4
+  _, packed, scale, v = random_state(rng, out_features, in_features, C)
+  x = jnp.asarray(gain * rng.normal(size=(200, in_features)), jnp.float32)
+  grad_out = jnp.asarray(rng.normal(size=(200, out_features)), jnp.float32)
+  hyper = tuning._update_hyper(C, scale, tuning._from_io_grad_rms(x, grad_out))
+  result = ternary.counter_update_from_io(packed, scale, v, x, grad_out, **hyper,
+                                          implementation="reference", donate=False)
+  moved = np.abs(np.asarray(result.scale) / np.asarray(scale) - 1.0)
+  # About 1% at the mean scale; rows with a 40x smaller scale move 40x more, far from the floor.
+  assert 1e-3 < np.median(moved) < 0.05 and moved.max() < 0.5
+  assert (codes_of(result.packed) != codes_of(packed)).mean() > 0.5  # most codes move
+
+
 def test_tuning_matmul_selects_a_screened_config(rng):
   from jaxnoise.ops import autotune  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.ternary import tuning  # pylint: disable=g-import-not-at-top

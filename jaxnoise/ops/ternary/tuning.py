@@ -108,11 +108,41 @@ def update_deviation(result, expected) -> float:
   return float((diff != 0).mean())
 
 
-def _update_hyper(C: int, in_features: int) -> dict:
-  """Hyperparameters for tuning: a step that moves most codes (a non-vacuous screen)."""
-  del in_features
-  return dict(C=C, lr=1.0 / reference.levels(C), lr_scale=0.01, rms_beta=0.9, rms_eps=1e-8,
-              seed=12345)
+# The screen's scale step moves each row's scale by about this fraction of the mean scale.
+_SCALE_MOVE = 0.01
+# Rows of grad_out^T x formed to estimate the from-IO gradient's size.
+_SAMPLED_ROWS = 64
+
+
+def _update_hyper(C: int, scale, grad_rms: float) -> dict:
+  """Hyperparameters for tuning: a step that moves most codes (a non-vacuous screen).
+
+  The latent step ``lr * lv / d`` is about one code per unit of RMS-normalised
+  gradient, so most codes move. The scale step is set against the gradient's
+  size (``grad_rms``) so that ``s'`` moves by about 1% of the mean scale. A
+  fixed ``lr_scale`` let a large gradient (``grad_out^T x`` over 1024 rows)
+  drive some ``s'`` to the floor, where ``s / s'`` is huge and turns the last
+  bit of a row sum, which legitimately differs between a kernel and the
+  reference, into codes that differ by more than one: the screen then
+  excluded every candidate (H200, 2026-12-01).
+  """
+  mean_scale = float(np.mean(np.abs(np.asarray(scale, np.float64))))
+  lr_scale = _SCALE_MOVE * mean_scale / max(float(grad_rms), 1e-30)
+  return dict(C=C, lr=1.0 / reference.levels(C), lr_scale=lr_scale, rms_beta=0.9,
+              rms_eps=1e-8, seed=12345)
+
+
+def _rms(values) -> float:
+  values = jnp.asarray(values, jnp.float32)
+  return float(jnp.sqrt(jnp.mean(values * values)))
+
+
+def _from_io_grad_rms(x, grad_out) -> float:
+  """RMS of ``grad_out^T x`` from up to 64 evenly spaced of its rows (never formed whole)."""
+  rows = np.unique(np.linspace(0, grad_out.shape[1] - 1, _SAMPLED_ROWS).astype(np.int64))
+  sampled = jnp.einsum("mo,mi->oi", jnp.asarray(grad_out)[:, rows], jnp.asarray(x),
+                       preferred_element_type=jnp.float32)
+  return _rms(sampled)
 
 
 def tune_counter_update(packed, scale, v, grad_w, *, C: int, lagged: bool = False,
@@ -142,7 +172,7 @@ def tune_counter_update(packed, scale, v, grad_w, *, C: int, lagged: bool = Fals
   heuristic = config_lib.CounterUpdateConfig.get_heuristics_config(shape, dtype)
   if candidates is None:
     candidates = config_lib.CounterUpdateConfig.candidates(shape, dtype)
-  hyper = _update_hyper(C, shape[1])
+  hyper = _update_hyper(C, scale, _rms(grad_w))
   op = functools.partial(counter_update, lagged=lagged, donate=False, **hyper)
   run = _jitted_per_config(op, implementation, packed, scale, v, grad_w)
 
@@ -172,7 +202,7 @@ def tune_counter_update_from_io(packed, scale, v, x, grad_out, *, C: int, lagged
   heuristic = config_lib.FromIOConfig.get_heuristics_config(shape, dtype)
   if candidates is None:
     candidates = config_lib.FromIOConfig.candidates(shape, dtype)
-  hyper = _update_hyper(C, in_features)
+  hyper = _update_hyper(C, scale, _from_io_grad_rms(x, grad_out))
   op = functools.partial(counter_update_from_io, lagged=lagged, donate=False, **hyper)
   run = _jitted_per_config(op, implementation, packed, scale, v, x, grad_out)
 
