@@ -23,9 +23,11 @@ case, and prints each row as it completes):
   device busy time (CUPTI, ``_harness.device_busy``) where PyTorch with CUDA
   is installed, next to the wall-clock group medians. ``--before-matmul PATH``
   also times a frozen copy of the kernel module at session 5's heuristics.
-* ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024) on
-  4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
-  then larger tiles, ``block_m`` and ``num_stages``.
+* ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024 and 256)
+  on 4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
+  then larger tiles, ``block_m`` and ``num_stages``. Each chained step reads
+  its own ``(x, grad_out)`` (with shared inputs XLA formed the baseline's
+  GEMM once per group: session 5's and 6's ratios were about 2x too high).
 * ``tune``: the library's autotuners (:mod:`jaxnoise.ops.ternary.tuning`,
   screen included) at the update, matmul and from_io shapes above; every
   candidate's fate is recorded, and the heuristic and the selected config are
@@ -248,14 +250,22 @@ def update_bytes(out_features, in_features, itemsize) -> int:
           + out_features * (2 * 4 + 2 * 4 + 4))
 
 
-def chained(update_fn, inner: int):
-  """``inner`` updates in one executable, the state chained (in place) through them."""
+def chained(update_fn, inner: int, *, per_step: bool = False):
+  """``inner`` updates in one executable, the state chained (in place) through them.
+
+  ``run(packed, scale, v, *operands)`` passes the same operands to every
+  step; with ``per_step``, ``run(packed, scale, v, steps)`` takes one operand
+  tuple per step. Distinct operands matter where part of a step depends on
+  them alone: XLA computes identical subexpressions once, so a GEMM of the
+  same ``(x, grad_out)`` in every step ran once per group (session 7).
+  """
 
   def run(packed, scale, v, *operands):
     hyper = hyper_array()
     for step in range(inner):
       seed = jnp.full((1,), step + 1, jnp.uint32)
-      packed, scale, v, _ = update_fn(packed, scale, v, *operands, hyper, seed)
+      step_operands = operands[0][step] if per_step else operands
+      packed, scale, v, _ = update_fn(packed, scale, v, *step_operands, hyper, seed)
     return packed, scale, v
 
   return jax.jit(run, donate_argnums=(0, 1, 2))
@@ -733,7 +743,7 @@ def from_io_sweep_configs(shape) -> list:
 def part_from_io(args, budget, out) -> None:
   interpret = args.quick
   out_features, in_features = (64, 16 * 40) if args.quick else (4096, 4096)
-  batches = (64,) if args.quick else (4096, 1024)
+  batches = (64,) if args.quick else (4096, 1024, 256)
   rows = out["cases"] = {}
   hyper, seed = hyper_array(), jnp.full((1,), 7, jnp.uint32)
   state_key = jax.random.key(10)
@@ -755,13 +765,15 @@ def part_from_io(args, budget, out) -> None:
     name = f"{tag} {_case_label(config)}"
     if not budget.allows(name):
       continue
-    if m_rows not in inputs:
-      inputs[m_rows] = (
-          jax.random.normal(jax.random.key(8), (m_rows, in_features), jnp.bfloat16),
-          jax.random.normal(jax.random.key(9), (m_rows, out_features), jnp.bfloat16))
-    x, grad_out = inputs[m_rows]
+    if m_rows not in inputs:  # One (x, grad_out) per chained step: see chained().
+      inputs[m_rows] = [
+          (jax.random.normal(jax.random.key(8 + 2 * i), (m_rows, in_features), jnp.bfloat16),
+           jax.random.normal(jax.random.key(9 + 2 * i), (m_rows, out_features), jnp.bfloat16))
+          for i in range(inner)]
+    steps = inputs[m_rows]
+    x, grad_out = steps[0]
 
-    def measure(config=config, m_rows=m_rows, x=x, grad_out=grad_out):
+    def measure(config=config, m_rows=m_rows, x=x, grad_out=grad_out, steps=steps):
       row = {}
       if config == "gemm_plus_update":
         fn = gemm_plus_update
@@ -778,13 +790,13 @@ def part_from_io(args, budget, out) -> None:
         if not check["within_spec"]:
           return {"excluded": True, "check": check}
         row = {"off_fraction": check["off_fraction"], "config": _short(config)}
-      run = chained(fn, inner)
-      timing = median_time(lambda p, s, v: run(p, s, v, x, grad_out),
+      run = chained(fn, inner, per_step=True)
+      timing = median_time(lambda p, s, v: run(p, s, v, steps),
                            lambda: make_state(state_key, out_features, in_features),
                            samples=max(3, args.samples // 2))
       row["seconds"] = timing["median_s"] / inner
       busy = _harness.device_busy(
-          lambda p, s, v: run(p, s, v, x, grad_out),
+          lambda p, s, v: run(p, s, v, steps),
           arg_sets=[make_state(state_key, out_features, in_features) for _ in range(4)])
       if busy is not None:
         row["device_s"] = busy["busy_ms"] / 1e3 / inner
