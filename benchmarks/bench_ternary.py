@@ -27,7 +27,7 @@ case, and prints each row as it completes):
   on 4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
   then larger tiles, ``block_m`` and ``num_stages``. Each chained step reads
   its own ``(x, grad_out)`` (with shared inputs XLA formed the baseline's
-  GEMM once per group: session 5's and 6's ratios were about 2x too high).
+  GEMM once per group: session 5's ratios were up to 2.2x too high).
 * ``tune``: the library's autotuners (:mod:`jaxnoise.ops.ternary.tuning`,
   screen included) at the update, matmul and from_io shapes above; every
   candidate's fate is recorded, and the heuristic and the selected config are

@@ -3,6 +3,10 @@
 # conversion), compiled against the reference (check part, update and from_io cases), then
 # timed in device time beside the session-6 kernels (a frozen copy, carried as
 # .before/update_s6/), and from_io against XLA's GEMM + update in device time.
+# Make the frozen copy with: git show c3aca90:jaxnoise/ops/ternary/reference.py and
+# ..._update.py into .before/update_s6/, the update's `reference as ref_lib` import pointed at
+# the sibling reference.py (RESULTS.md, session 7). Run 1's from_io baseline was still merged
+# (see gpu_session7_from_io.sh).
 set -u
 OUT=${OUT:-benchmarks/out}
 export PYTHONPATH=.

@@ -1,0 +1,138 @@
+"""PTX of the Pallas kernels, without a GPU: instruction counts per element.
+
+    pip install triton   # a CPU machine can compile for sm_90 (no GPU needed)
+    python benchmarks/offline_ptx.py counter_update 8192 8192 float32
+    python benchmarks/offline_ptx.py low_rank 1024 8192 8192 bfloat16 --rank 4
+
+Lowers one kernel for CUDA with this machine's jax (its Triton IR, as Pallas
+hands it to XLA), compiles that IR for sm_90 with the ``triton`` package's own
+pipeline (close to, not the same as, XLA's fork of it) and prints the PTX
+instruction mix and the instructions per element of the program's tile (a
+loop body appears once in the PTX, so a kernel's count is per loop step). It
+predicts a change's effect on an issue-bound kernel before a GPU run; it does
+not time anything. Files go to ``--out`` (TTIR, TTGIR, PTX).
+
+Used in session 7 (benchmarks/RESULTS.md): the counter update's rounding in
+SPEC's form took the 8192^2 float32 update from 44.0 to 39.7 PTX instructions
+per weight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+_INSTRUCTION = re.compile(r"^\s+(?:@!?%p\d+\s+)?([a-z][\w.]*)", re.MULTILINE)
+
+
+def capture_ttir(fn, *shapes) -> str:
+  """The Triton IR of the one ``pallas_call`` in ``fn`` lowered for CUDA."""
+  from jax._src.pallas.triton import lowering  # pylint: disable=g-import-not-at-top
+  from jax._src.pallas.triton import pallas_call_registration as registration  # pylint: disable=g-import-not-at-top
+  captured = []
+  original = lowering.lower_jaxpr_to_triton_module
+
+  def capture(*args, **kwargs):
+    result = original(*args, **kwargs)
+    captured.append(result.module.operation.get_asm(enable_debug_info=False))
+    return result
+
+  registration.lowering.lower_jaxpr_to_triton_module = capture
+  try:
+    jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",))
+  finally:
+    registration.lowering.lower_jaxpr_to_triton_module = original
+  if len(captured) != 1:
+    raise RuntimeError(f"expected one pallas_call, lowered {len(captured)}")
+  return captured[0]
+
+
+def counter_update_case(args):
+  from jaxnoise.ops.ternary import config as config_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_update  # pylint: disable=g-import-not-at-top
+  out_features, in_features = args.dims
+  dtype = jnp.dtype(args.dtype)
+  config = config_lib.CounterUpdateConfig.get_heuristics_config((out_features, in_features), dtype)
+
+  def fn(packed, scale, v, grad, hyper, seed):
+    return pallas_triton_update.counter_update(packed, scale, v, grad, hyper, seed, C=11,
+                                               lagged=False, config=config)
+
+  spec = jax.ShapeDtypeStruct
+  shapes = (spec((out_features, 3 * in_features // 4), jnp.uint8),
+            spec((out_features,), jnp.float32), spec((out_features,), jnp.float32),
+            spec((out_features, in_features), dtype), spec((4,), jnp.float32),
+            spec((1,), jnp.uint32))
+  # One program: block_rows whole rows (whole-row configs hold the row in registers).
+  elements = config.block_rows * in_features
+  return fn, shapes, config, elements
+
+
+def low_rank_case(args):
+  from jaxnoise import noise as noise_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import config as config_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import pallas_triton_low_rank  # pylint: disable=g-import-not-at-top
+  pop, out_features, in_features = args.dims
+  dtype = jnp.dtype(args.dtype)
+  config = config_lib.low_rank_linear_heuristics(1, in_features, out_features, args.rank)
+
+  def fn(x, weight, seeds):
+    return pallas_triton_low_rank.low_rank_perturbed_linear(
+        x, weight, None, seeds, jnp.float32(0.01), 0, kind=noise_lib.get_kind(args.kind),
+        antithetic=True, out_dtype=dtype, rank=args.rank)
+
+  spec = jax.ShapeDtypeStruct
+  shapes = (spec((pop, 1, in_features), dtype), spec((out_features, in_features), dtype),
+            spec((pop,), jnp.uint32))
+  # The PTX holds each loop body once: one step of the reduce loop and one of the emit loop,
+  # rank factor values per element of each (an antithetic pair shares them).
+  elements = args.rank * (config.block_reduce + config.block_emit)
+  return fn, shapes, config, elements
+
+
+CASES = {"counter_update": counter_update_case, "low_rank": low_rank_case}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("case", choices=sorted(CASES))
+  parser.add_argument("dims", type=int, nargs="+",
+                      help="counter_update: out in; low_rank: pop out in")
+  parser.add_argument("dtype")
+  parser.add_argument("--rank", type=int, default=1)
+  parser.add_argument("--kind", default="binomial")
+  parser.add_argument("--out", default="benchmarks/out/offline_ptx")
+  args = parser.parse_args(argv)
+  import triton  # pylint: disable=g-import-not-at-top
+  from triton.backends.compiler import GPUTarget  # pylint: disable=g-import-not-at-top
+  fn, shapes, config, elements = CASES[args.case](args)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  stem = f"{args.case}_{'x'.join(map(str, args.dims))}_{args.dtype}_r{args.rank}"
+  ttir = out / f"{stem}.ttir"
+  ttir.write_text(capture_ttir(fn, *shapes))
+  compiled = triton.compile(str(ttir), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=config.num_warps,
+                                         num_stages=config.num_stages))
+  for name in ("ttgir", "ptx"):
+    (out / f"{stem}.{name}").write_text(compiled.asm[name])
+  counts = collections.Counter(_INSTRUCTION.findall(compiled.asm["ptx"]))
+  total = sum(counts.values())
+  threads = 32 * config.num_warps
+  print(f"{args.case} {args.dims} {args.dtype}: {config}")
+  print(f"{total} PTX instructions per thread; {elements} elements per program over "
+        f"{threads} threads: {total * threads / elements:.1f} instructions per element")
+  for name, count in counts.most_common(25):
+    print(f"  {count:6d}  {name}")
+
+
+if __name__ == "__main__":
+  main()
