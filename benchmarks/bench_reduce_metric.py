@@ -60,7 +60,17 @@ def configs(pop: int, n_params: int, kind: str):
   return out
 
 
-def bench_shape(pop, n_params, kind, *, implementation, offset, repeats):
+def _frozen_kernels(path: str):
+  """A frozen copy of ``jaxnoise/ops/virtual_noise/pallas_triton.py`` (an earlier state)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("before_virtual_noise_kernels", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # its dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module
+
+
+def bench_shape(pop, n_params, kind, *, implementation, offset, repeats, before=None):
   center = jax.random.normal(jax.random.key(0), (n_params,), jnp.float32)
   seeds = jnp.arange(pop, dtype=jnp.uint32) * jnp.uint32(2654435761)
   op = functools.partial(jaxnoise.virtual_reduce_metric, sigma=0.1, offset=offset, kind=kind)
@@ -81,10 +91,18 @@ def bench_shape(pop, n_params, kind, *, implementation, offset, repeats):
             "pure_jax_s": pure_jax, "pure_jax_values_per_s": values / pure_jax,
             "pure_jax_forms_s": walls, "pure_jax_forms_busy_s": busys,
             "pure_jax_busy_s": pure_busy, "configs": {}}
-  for name, config in configs(pop, n_params, kind).items():
+  cases = {name: (config, None) for name, config in configs(pop, n_params, kind).items()}
+  if before is not None and "individuals" in cases:  # The frozen kernels, same config.
+    cases["individuals (before)"] = (cases["individuals"][0], before)
+  for name, (config, frozen) in cases.items():
     entry = {"config": repr(config)}
     try:
-      fn = jax.jit(functools.partial(op, implementation=implementation, config=config))
+      if frozen is None:
+        fn = jax.jit(functools.partial(op, implementation=implementation, config=config))
+      else:
+        fn = jax.jit(lambda c, s, frozen=frozen, config=config: frozen.reduce_metric(
+            c, s, jnp.float32(0.1), offset, kind=noise_lib.get_kind(kind), antithetic=False,
+            config=config, interpret=implementation == "interpret"))
       start = time.perf_counter()
       out = np.asarray(fn(center, seeds), np.float64)
       entry["first_call_s"] = time.perf_counter() - start
@@ -117,7 +135,11 @@ def main(argv=None):
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--kinds", default="binomial,uniform")
   parser.add_argument("--offset", type=int, default=0)
+  parser.add_argument("--before", default=None,
+                      help="also time the reduce-metric kernel of this frozen copy of "
+                           "jaxnoise/ops/virtual_noise/pallas_triton.py at the same config")
   args = parser.parse_args(argv)
+  before = _frozen_kernels(args.before) if args.before else None
   implementation = "interpret" if args.quick else "pallas"
   if not args.quick and jax.default_backend() != "gpu":
     parser.error("needs a GPU; use --quick on a CPU")
@@ -129,7 +151,7 @@ def main(argv=None):
     for pop, n_params in (QUICK_SHAPES if args.quick else SHAPES):
       print(f"reduce-metric {kind} pop {pop} x {n_params} (offset {args.offset})", flush=True)
       results.append(bench_shape(pop, n_params, kind, implementation=implementation,
-                                 offset=args.offset, repeats=repeats))
+                                 offset=args.offset, repeats=repeats, before=before))
       for form, seconds in results[-1]["pure_jax_forms_s"].items():
         busy = results[-1]["pure_jax_forms_busy_s"].get(form, float("nan"))
         print(f"  pure JAX {form:<22} {seconds * 1e3:8.3f} ms  busy {busy * 1e3:8.3f} ms",

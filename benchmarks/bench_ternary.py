@@ -94,6 +94,7 @@ def _frozen_module(path: str):
   if path not in _BEFORE:
     spec = importlib.util.spec_from_file_location(f"before_{len(_BEFORE)}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     _BEFORE[path] = module
   return _BEFORE[path]

@@ -3,6 +3,7 @@
     pip install triton   # a CPU machine can compile for sm_90 (no GPU needed)
     python benchmarks/offline_ptx.py counter_update 8192 8192 float32
     python benchmarks/offline_ptx.py low_rank 1024 8192 8192 bfloat16 --rank 4
+    python benchmarks/offline_ptx.py reduce_metric 1024 1048576 float32
 
 Lowers one kernel for CUDA with this machine's jax (its Triton IR, as Pallas
 hands it to XLA), compiles that IR for sm_90 with the ``triton`` package's own
@@ -98,14 +99,36 @@ def low_rank_case(args):
   return fn, shapes, config, elements
 
 
-CASES = {"counter_update": counter_update_case, "low_rank": low_rank_case}
+def reduce_metric_case(args):
+  from jaxnoise import noise as noise_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import config as config_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import pallas_triton  # pylint: disable=g-import-not-at-top
+  pop, n_params = args.dims
+  kind = noise_lib.get_kind(args.kind)
+  config = config_lib.reduce_metric_heuristics(n_params, pop // 2, kind)
+
+  def fn(center, seeds):
+    return pallas_triton.reduce_metric(center, seeds, jnp.float32(0.01), 0, kind=kind,
+                                       antithetic=True, config=config)
+
+  spec = jax.ShapeDtypeStruct
+  shapes = (spec((n_params,), jnp.dtype(args.dtype)), spec((pop,), jnp.uint32))
+  # The PTX holds the loop body once: one tile of hashed values (an antithetic pair shares
+  # each value; both signs are accumulated).
+  elements = config.individuals_per_program * config.block_params
+  return fn, shapes, config, elements
+
+
+CASES = {"counter_update": counter_update_case, "low_rank": low_rank_case,
+         "reduce_metric": reduce_metric_case}
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("case", choices=sorted(CASES))
   parser.add_argument("dims", type=int, nargs="+",
-                      help="counter_update: out in; low_rank: pop out in")
+                      help="counter_update: out in; low_rank: pop out in; "
+                           "reduce_metric: pop params")
   parser.add_argument("dtype")
   parser.add_argument("--rank", type=int, default=1)
   parser.add_argument("--kind", default="binomial")
