@@ -57,6 +57,13 @@ def configs(pop: int, n_params: int, kind: str):
   out["individuals g64 w16"] = dataclasses.replace(wide, individuals_per_program=64,
                                                    num_warps=16)
   out["individuals 2x splits"] = dataclasses.replace(wide, param_splits=2 * wide.param_splits)
+  # 16 values a thread instead of 32 (session 7: 184 registers a thread held one
+  # program of 8 warps per SM, 12.5% occupancy).
+  out["individuals bp128"] = dataclasses.replace(wide, block_params=128)
+  out["individuals g16"] = dataclasses.replace(wide, individuals_per_program=16)
+  out["individuals w16"] = dataclasses.replace(wide, num_warps=16)
+  out["individuals g16 bp128 w4"] = dataclasses.replace(wide, individuals_per_program=16,
+                                                        block_params=128, num_warps=4)
   return out
 
 
