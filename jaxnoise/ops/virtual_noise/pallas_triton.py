@@ -695,26 +695,17 @@ def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_ref
   signs = (1.0, -1.0) if antithetic else (1.0,)
   first_param = pl.program_id(1) * tiles_per_split * block_params
 
-  def body(position, accs, *, masked):
+  def body(position, accs):
     p0 = first_param + position * block_params
-    valid = (p0 + columns) < n_params if masked else None
-    window = center_ref.at[pl.ds(p0, block_params)]
-    # jax 0.11 rejects `other` without a mask.
-    center = _pallas.load(window, mask=valid[0], other=0.0) if masked else _pallas.load(window)
+    valid = (p0 + columns) < n_params
+    center = _pallas.load(center_ref.at[pl.ds(p0, block_params)], mask=valid[0], other=0.0)
     tile_part = (_U32(word_lo) + p0.astype(_U32)) * multiplier + increment
     step = factor * kind.unscaled(noise_lib.mix32(column_part + tile_part))
-    terms = [jnp.abs(center[None, :] + sign * step) for sign in signs]
-    if masked:
-      terms = [jnp.where(valid, term, 0.0) for term in terms]
-    return tuple(acc + term for acc, term in zip(accs, terms))
+    return tuple(acc + jnp.where(valid, jnp.abs(center[None, :] + sign * step), 0.0)
+                 for acc, sign in zip(accs, signs))
 
-  # Whole tiles first, with no mask (a select per value and sign is a tenth of the loop's
-  # instructions), then this split's tiles that reach past the parameters: the same tiles
-  # in the same order, so the same sums.
-  n_whole = jnp.clip((n_params - first_param) // block_params, 0, tiles_per_split)
   zeros = tuple(jnp.zeros((group, block_params), _F32) for _ in signs)
-  accs = jax.lax.fori_loop(0, n_whole, functools.partial(body, masked=False), zeros)
-  accs = jax.lax.fori_loop(n_whole, tiles_per_split, functools.partial(body, masked=True), accs)
+  accs = jax.lax.fori_loop(0, tiles_per_split, body, zeros)
   for acc, out_ref in zip(accs, out_refs):
     _pallas.store(out_ref.at[pl.program_id(1), pl.ds(first, group)], jnp.sum(acc, axis=1),
                   mask=members < n_individuals)
