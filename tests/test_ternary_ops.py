@@ -240,6 +240,42 @@ def test_rounding_is_unbiased(rng, lagged):
   np.testing.assert_allclose(np.asarray(result[2]), v_new, rtol=1e-5)
 
 
+@pytest.mark.parametrize("C", [1, 4, 11])
+def test_codes_are_spec_rounding_of_the_target_also_at_the_clip(rng, C):
+  """Codes equal SPEC's clip(floor(target + u)) with the shared draw, gradients far past the clip.
+
+  The update clips the rounded value before its floor; large gradients of both
+  signs push many targets far outside ``[0, 3lv)`` (saturation) and leave
+  others inside. Float32 evaluation of the target may move a value across an
+  integer: at most 1e-3 of codes, each by one.
+  """
+  out_features, in_features = 7, 4 * 30
+  lv = 2 * C - 1
+  codes = rng.integers(0, 3 * lv, (out_features, in_features))
+  scale = rng.uniform(0.5, 1.5, out_features).astype(np.float32)
+  v = rng.uniform(0.5, 1.5, out_features).astype(np.float32)
+  grad = (rng.normal(size=(out_features, in_features))
+          * rng.choice([0.1, 3.0, 1e4], (out_features, in_features))).astype(np.float32)
+  kwargs = dict(C=C, lr=0.3, lr_scale=0.02, rms_beta=0.9, rms_eps=1e-8, lagged=False)
+  target, _, _ = spec_target(codes, scale.astype(np.float64), v.astype(np.float64), grad,
+                             **kwargs)
+  seed = jnp.uint32(int(rng.integers(0, 2**32)))
+  u = np.asarray(reference.rounding_draw(
+      seed, jnp.arange(out_features, dtype=jnp.uint32)[:, None],
+      jnp.arange(in_features, dtype=jnp.uint32)[None, :], in_features, high_word=False),
+      np.float64)
+  expected = np.clip(np.floor(target + u), 0, 3 * lv - 1)
+  assert np.mean(expected == 0) > 0.05 and np.mean(expected == 3 * lv - 1) > 0.05
+  hyper = jnp.asarray([0.3, 0.02, 0.9, 1e-8], jnp.float32)
+  result = reference.counter_update_reference(
+      jnp.asarray(np_pack(codes)), jnp.asarray(scale), jnp.asarray(v), jnp.asarray(grad),
+      hyper, seed, C=C, lagged=False)
+  got = np.asarray(codes_unpacked(result[0]), np.float64)
+  assert not np.any(np.asarray(result[3]))
+  assert np.abs(got - expected).max() <= 1
+  assert np.mean(got != expected) <= 1e-3
+
+
 def codes_unpacked(packed):
   return reference.unpack_codes_reference(packed).astype(jnp.int32)
 
