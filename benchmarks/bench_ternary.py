@@ -624,8 +624,10 @@ def matmul_sweep_configs(shape) -> list:
   dot_grid = [(32, 128, 4, 4), (64, 128, 16, 4), (32, 256, 8, 4)]
   dot = [M(block_m=16, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k)
          for n, g, k, w in dot_grid]
-  if m_rows == 1:
-    out = [base] + fma + dot[:2]
+  if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
+    strided = dataclasses.replace(base, x_vector_loads=False)
+    out = [base, strided] + fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
+    out += dot[:2]
   elif m_rows <= 4:
     out = [base] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
   elif m_rows <= 16:

@@ -475,7 +475,8 @@ def test_kernel_aliases_state_buffers():
 @pytest.mark.parametrize("implementation", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
-  """Every method (dot tiles, split along in, fma, decode) over the dtypes; word and byte units."""
+  """Every method (dot tiles, split along in, fma with vector and strided x, decode) over the
+  dtypes; word and byte units."""
   # bfloat16 runs byte units (in = 4 * odd), the others word units (in = 16 * odd).
   in_features = (4 if dtype == jnp.bfloat16 else 16) * (int(rng.integers(5, 12)) | 1)
   out_features = int(rng.integers(5, 40)) | 1
@@ -491,7 +492,7 @@ def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
       ((2, 1), config(block_m=2, block_n=8, block_groups=4, method="fma", word_loads=False)),
       ((5,), config(method="decode")),
       ((2,), config(block_m=2, block_n=8, block_groups=8, method="fma", split_k=2,
-                    num_warps=2)),
+                    num_warps=2, x_vector_loads=False)),
   ]
   # The heuristic, and two of the six other forms per dtype (all six over the three).
   first = DTYPES.index(dtype) * 2

@@ -278,6 +278,9 @@ class FromIOConfig:
     word_loads: read the codes as uint32 words (three per 16 codes) when
       ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
       else three bytes per 4.
+    x_vector_loads: ``"fma"`` tiles read ``x`` in 16-byte vectors of
+      consecutive lanes and split them in registers (False: one strided load
+      per lane, which kept the H200's L1 the busiest unit at one row).
   """
 
   block_rows: int = 32
@@ -389,6 +392,9 @@ class MatmulConfig:
     word_loads: read the codes as uint32 words (three per 16 codes) when
       ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
       else three bytes per 4.
+    x_vector_loads: ``"fma"`` tiles read ``x`` in 16-byte vectors of
+      consecutive lanes and split them in registers (False: one strided load
+      per lane, which kept the H200's L1 the busiest unit at one row).
   """
 
   block_m: int = 64
@@ -400,6 +406,7 @@ class MatmulConfig:
   split_k: int = 1
   method: str = "dot"
   word_loads: bool = True
+  x_vector_loads: bool = True
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
@@ -418,7 +425,7 @@ class MatmulConfig:
     if (not isinstance(self.split_k, int) or isinstance(self.split_k, bool)
         or self.split_k < 1):
       raise ValueError(f"MatmulConfig.split_k must be a positive int, got {self.split_k!r}")
-    for name in ("allow_tf32", "word_loads"):
+    for name in ("allow_tf32", "word_loads", "x_vector_loads"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"MatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -41,6 +41,7 @@ from jaxnoise.ops.ternary.pallas_triton import (
     _packed_view,
     _store_lanes,
     packed_units,
+    split_lanes,
     unit_layout,
 )
 
@@ -56,13 +57,15 @@ _DIMS_NN = (((1,), (0,)), ((), ()))
 
 def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
                    n_units, block_m, block_n, block_units, steps_per_split, method,
-                   compute_dtype, precision, partial_sums):
+                   compute_dtype, precision, partial_sums, x_vector=1):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
 
   ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
   ``x_ref[m, j, u] = x[m, u * L + j]`` (:func:`x_lanes`), in the compute
   dtype for ``"dot"``; for ``"fma"`` it is ``x`` itself viewed as
-  ``(M, units, L)`` and lane ``j`` is a strided load (:func:`_x_operand`).
+  ``(M, units, L)``, read ``x_vector`` consecutive lanes per (16-byte) load
+  and split into lanes in registers (``x_vector=1``: one strided load per
+  lane; :func:`_x_operand`).
   Each step loads ``block_units`` packed units per output row (three strided
   word or byte lanes), finds each code lane's ternary buckets (on the words
   in place where a code sits in one word, :func:`ref_lib.word_buckets`) and
@@ -96,6 +99,13 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
     x_mask = _outer_and(m_mask, unit_mask, (block_m, block_units))
     if method == "dot":  # (M, L, units): lane j is a contiguous row of units.
       index = lambda j: (pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units))
+    elif x_vector > 1:  # (M, units, L): x_vector consecutive lanes per load, split in registers.
+      xs = []
+      for first in range(0, n_lanes, x_vector):
+        window = x_ref.at[pl.ds(m0, block_m), pl.ds(u0, block_units), pl.ds(first, x_vector)]
+        xs.extend(split_lanes(plgpu.load(window) if x_mask is None else
+                              plgpu.load(window, mask=x_mask[:, :, None], other=0)))
+      return tuple(raw), tuple(xs)
     else:  # (M, units, L): lane j is every L-th element of x's row.
       index = lambda j: (pl.ds(m0, block_m), pl.ds(u0, block_units), _I32(j))
     xs = [plgpu.load(x_ref.at[index(j)], mask=x_mask, other=None if x_mask is None else 0)
@@ -241,11 +251,14 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
   steps_per_split = _cdiv(n_steps, max(1, min(config.split_k, n_steps)))
   splits = _cdiv(n_steps, steps_per_split)
   partial_sums = splits > 1
+  x_vector = 1
+  if config.method == "fma" and config.x_vector_loads:  # 16-byte loads of consecutive lanes
+    x_vector = min(per_unit, max(1, 16 // jnp.dtype(x.dtype).itemsize))
   kernel = functools.partial(
       _matmul_kernel, C=C, layout=layout, m_rows=m_rows, n_out=out_features, n_units=n_units,
       block_m=config.block_m, block_n=config.block_n, block_units=block_units,
       steps_per_split=steps_per_split, method=config.method, compute_dtype=compute_dtype,
-      precision=precision, partial_sums=partial_sums)
+      precision=precision, partial_sums=partial_sums, x_vector=x_vector)
   if partial_sums:
     out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)
   else:
