@@ -278,9 +278,6 @@ class FromIOConfig:
     word_loads: read the codes as uint32 words (three per 16 codes) when
       ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
       else three bytes per 4.
-    x_vector_loads: ``"fma"`` tiles read ``x`` in 16-byte vectors of
-      consecutive lanes and split them in registers (False: one strided load
-      per lane, which kept the H200's L1 the busiest unit at one row).
   """
 
   block_rows: int = 32
