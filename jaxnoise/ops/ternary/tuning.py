@@ -127,7 +127,11 @@ def _update_hyper(C: int, scale, grad_rms: float) -> dict:
   excluded every candidate (H200, 2026-12-01).
   """
   mean_scale = float(np.mean(np.abs(np.asarray(scale, np.float64))))
-  lr_scale = _SCALE_MOVE * mean_scale / max(float(grad_rms), 1e-30)
+  grad_rms = float(grad_rms)
+  if np.isfinite(grad_rms) and grad_rms > 0 and np.isfinite(mean_scale):
+    lr_scale = _SCALE_MOVE * mean_scale / grad_rms
+  else:  # A zero or non-finite gradient (its rows are skipped or keep their scale).
+    lr_scale = _SCALE_MOVE
   return dict(C=C, lr=1.0 / reference.levels(C), lr_scale=lr_scale, rms_beta=0.9,
               rms_eps=1e-8, seed=12345)
 
