@@ -288,19 +288,27 @@ def test_autotune_raises_when_every_candidate_fails(rng):
   autotune.clear()
 
 
-def test_autotune_timing_queues_short_calls_per_sample(monkeypatch):
-  """A call much shorter than a sample is queued several times per timed sample."""
+def test_autotune_timing_queues_short_calls_and_interleaves_candidates(monkeypatch):
+  """Short calls are queued several per sample; candidates' samples alternate by round."""
   monkeypatch.setattr(autotune, "_SAMPLE_SECONDS", 0.05)
   calls = []
 
-  def call():
-    calls.append(None)
-    return jnp.zeros(())
+  def candidate(name):
+    def call():
+      calls.append(name)
+      return jnp.zeros(())
+    return call
 
-  seconds = autotune._median_seconds(call, warmup=1, repeats=3)
-  queued = (len(calls) - 2) // 3  # one warm-up call, one sizing call
-  assert len(calls) == 2 + 3 * queued and queued > 1
-  assert 0 < seconds < 0.05
+  medians = autotune._interleaved_medians([candidate("a"), candidate("b")], warmup=1,
+                                          repeats=4)
+  assert calls[:4] == ["a", "a", "b", "b"]  # warm-up and sizing call of each
+  timed = calls[4:]
+  queued = timed.count("a") // 4
+  assert queued > 1 and timed.count("b") == 4 * queued
+  # Rounds start at a rotating candidate: a b, b a, a b, b a (in runs of `queued` calls).
+  runs = [timed[i] for i in range(0, len(timed), queued)]
+  assert runs == ["a", "b", "b", "a", "a", "b", "b", "a"]
+  assert all(0 < m < 0.05 for m in medians)
 
 
 def test_reference_never_holds_the_population_noise():

@@ -7,8 +7,9 @@ inputs. Every candidate's output is first compared with the op's reference
 deviation ``max|out - ref| / max|ref|`` exceeds the tolerance, or that fails
 to compile or run, is *excluded* and recorded with its deviation or error,
 never dropped silently. The survivors are timed (median of ``repeats``
-samples after warm-up; each sample queues enough calls that host dispatch
-overlaps device work) and the fastest is cached: later calls of the op with
+samples after warm-up, taken in rounds over all survivors; each sample
+queues enough calls that host dispatch overlaps device work) and the
+fastest is cached: later calls of the op with
 ``config=None`` and the same key use it, also under ``jit``. Untuned keys use
 the op's heuristic config.
 
@@ -104,22 +105,42 @@ _SAMPLE_SECONDS = 2e-3
 _MAX_QUEUED = 64
 
 
-def _median_seconds(fn: Callable[[], Any], warmup: int, repeats: int) -> float:
-  """Median seconds per call of ``fn``, over ``repeats`` samples of queued calls."""
+def _calls_per_sample(fn: Callable[[], Any], warmup: int) -> int:
+  """Warms ``fn`` up and returns how many queued calls span about one sample."""
   for _ in range(warmup):
     jax.block_until_ready(fn())
   start = time.perf_counter()
   jax.block_until_ready(fn())
   single = time.perf_counter() - start
-  queued = max(1, min(_MAX_QUEUED, int(_SAMPLE_SECONDS / max(single, 1e-9))))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    for _ in range(queued):
-      out = fn()  # One device stream runs the calls in order: the last one ends the sample.
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - start) / queued)
-  return statistics.median(times)
+  return max(1, min(_MAX_QUEUED, int(_SAMPLE_SECONDS / max(single, 1e-9))))
+
+
+def _sample_seconds(fn: Callable[[], Any], queued: int) -> float:
+  """Seconds per call over ``queued`` calls dispatched back to back."""
+  start = time.perf_counter()
+  for _ in range(queued):
+    out = fn()  # One device stream runs the calls in order: the last one ends the sample.
+  jax.block_until_ready(out)
+  return (time.perf_counter() - start) / queued
+
+
+def _interleaved_medians(fns: Sequence[Callable[[], Any]], warmup: int,
+                         repeats: int) -> list[float]:
+  """Median seconds per call of each of ``fns``, their samples taken in rotating rounds.
+
+  Round ``r`` takes one sample of every function, starting at a different one
+  each round, so a drift of the machine (clocks, caches, the allocator
+  warming up) spreads over all of them instead of penalising whichever runs
+  first: timed one after the other, the first candidate (the heuristic) came
+  out up to 2x slower by wall clock than in device time (H200, 2026-12-01).
+  """
+  queued = [_calls_per_sample(fn, warmup) for fn in fns]
+  samples: list[list[float]] = [[] for _ in fns]
+  for round_index in range(repeats):
+    for offset in range(len(fns)):
+      i = (round_index + offset) % len(fns)
+      samples[i].append(_sample_seconds(fns[i], queued[i]))
+  return [statistics.median(times) for times in samples]
 
 
 def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any], Any],
@@ -138,7 +159,8 @@ def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any],
     tolerance: the largest accepted deviation from the reference.
     warmup: untimed calls per candidate (compilation included).
     repeats: timed samples per candidate (each queues enough calls to span
-      about 2 ms); the median seconds per call is kept.
+      about 2 ms; one sample of every candidate per round); the median
+      seconds per call is kept.
     deviation: ``deviation(output, reference_output) -> float`` (None:
       ``max|out - ref| / max|ref|`` on float64 copies). Ops whose outputs are
       not plain floats (packed codes) supply their own measure.
@@ -171,8 +193,12 @@ def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any],
       _log.warning("autotune %s %s: %s excluded, deviation %.3g > %.3g", op, key, config,
                    measured, tolerance)
       continue
-    seconds = _median_seconds(lambda config=config: run(config), warmup, repeats)
-    results.append(CandidateResult(config, "timed", deviation=measured, seconds=seconds))
+    results.append(CandidateResult(config, "timed", deviation=measured))
+  timed_at = [i for i, r in enumerate(results) if r.status == "timed"]
+  medians = _interleaved_medians(
+      [lambda config=results[i].config: run(config) for i in timed_at], warmup, repeats)
+  for i, seconds in zip(timed_at, medians):
+    results[i] = dataclasses.replace(results[i], seconds=seconds)
   timed = [r for r in results if r.status == "timed"]
   if not timed:
     record = TuningRecord(op, key, tolerance, None, tuple(results))
