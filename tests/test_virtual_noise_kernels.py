@@ -311,6 +311,30 @@ def test_autotune_timing_queues_short_calls_and_interleaves_candidates(monkeypat
   assert all(0 < m < 0.05 for m in medians)
 
 
+def test_autotune_times_the_batched_run_per_call_and_screens_with_run(monkeypatch):
+  """With batched_run, run only screens; the batched calls are timed and divided by their count."""
+  monkeypatch.setattr(autotune, "_SAMPLE_SECONDS", 0.01)
+  autotune.clear()
+  screened, batched = [], []
+
+  def run(config):
+    screened.append(config)
+    return jnp.ones(3)
+
+  def batched_run(config):
+    def many():
+      batched.append(config)
+      return jnp.ones(3)
+    return many
+
+  record = autotune.tune("test_op", ("k",), ["a", "b"], run, lambda: jnp.ones(3), 0.0,
+                         warmup=1, repeats=3, batched_run=batched_run, batch_calls=4)
+  assert screened == ["a", "b"] and {"a", "b"} == set(batched)
+  seconds = {c.config: c.seconds for c in record.candidates}
+  assert record.selected in ("a", "b") and all(0 < t < 0.01 / 4 for t in seconds.values())
+  autotune.clear()
+
+
 def test_reference_never_holds_the_population_noise():
   """The reference builds the noise a chunk of individuals at a time."""
   pop, batch, out_features, in_features = 512, 4, 256, 512

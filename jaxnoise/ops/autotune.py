@@ -146,7 +146,9 @@ def _interleaved_medians(fns: Sequence[Callable[[], Any]], warmup: int,
 def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any], Any],
          reference: Callable[[], Any], tolerance: float, *, warmup: int = 2,
          repeats: int = 10,
-         deviation: Callable[[Any, Any], float] | None = None) -> TuningRecord:
+         deviation: Callable[[Any, Any], float] | None = None,
+         batched_run: Callable[[Any], Callable[[], Any]] | None = None,
+         batch_calls: int = 1) -> TuningRecord:
   """Screen, time and cache the candidates of one ``(op, key)``.
 
   Args:
@@ -164,6 +166,13 @@ def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any],
     deviation: ``deviation(output, reference_output) -> float`` (None:
       ``max|out - ref| / max|ref|`` on float64 copies). Ops whose outputs are
       not plain floats (packed codes) supply their own measure.
+    batched_run: ``batched_run(config)`` returns a function that runs the op
+      ``batch_calls`` times in one dispatch (one executable, on distinct
+      inputs or a chained state so XLA cannot merge the calls); timing then
+      uses it. For calls of tens of microseconds the host's dispatch of each
+      call outlasts the kernel, and timing ``run`` alone measures the host.
+    batch_calls: calls per ``batched_run`` invocation (the time is divided
+      by it).
 
   Returns:
     The :class:`TuningRecord`; its ``selected`` config is now cached.
@@ -195,10 +204,14 @@ def tune(op: str, key: Hashable, candidates: Sequence[Any], run: Callable[[Any],
       continue
     results.append(CandidateResult(config, "timed", deviation=measured))
   timed_at = [i for i, r in enumerate(results) if r.status == "timed"]
-  medians = _interleaved_medians(
-      [lambda config=results[i].config: run(config) for i in timed_at], warmup, repeats)
+  if batched_run is None:
+    timed_fns = [lambda config=results[i].config: run(config) for i in timed_at]
+    batch_calls = 1
+  else:
+    timed_fns = [batched_run(results[i].config) for i in timed_at]
+  medians = _interleaved_medians(timed_fns, warmup, repeats)
   for i, seconds in zip(timed_at, medians):
-    results[i] = dataclasses.replace(results[i], seconds=seconds)
+    results[i] = dataclasses.replace(results[i], seconds=seconds / batch_calls)
   timed = [r for r in results if r.status == "timed"]
   if not timed:
     record = TuningRecord(op, key, tolerance, None, tuple(results))
