@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import platform
@@ -95,6 +97,20 @@ def run_case(results: list, name: str, fn: Callable[[], dict], budget: Budget | 
   results.append(record)
   print(json.dumps(record), flush=True)
   return record
+
+
+@functools.cache
+def frozen_module(path: str):
+  """The module at ``path`` (a frozen copy of an earlier kernel state), imported once.
+
+  Before/after benchmarks carry such copies (ignored by git) to the GPU and
+  time them beside today's kernels in the same run.
+  """
+  spec = importlib.util.spec_from_file_location(f"frozen_{abs(hash(path))}", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module
 
 
 def write_json(path: str, payload: Any) -> None:

@@ -67,16 +67,6 @@ def configs(pop: int, n_params: int, kind: str):
   return out
 
 
-def _frozen_kernels(path: str):
-  """A frozen copy of ``jaxnoise/ops/virtual_noise/pallas_triton.py`` (an earlier state)."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location("before_virtual_noise_kernels", path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # its dataclasses look their module up
-  spec.loader.exec_module(module)
-  return module
-
-
 def bench_shape(pop, n_params, kind, *, implementation, offset, repeats, before=None):
   center = jax.random.normal(jax.random.key(0), (n_params,), jnp.float32)
   seeds = jnp.arange(pop, dtype=jnp.uint32) * jnp.uint32(2654435761)
@@ -146,7 +136,7 @@ def main(argv=None):
                       help="also time the reduce-metric kernel of this frozen copy of "
                            "jaxnoise/ops/virtual_noise/pallas_triton.py at the same config")
   args = parser.parse_args(argv)
-  before = _frozen_kernels(args.before) if args.before else None
+  before = _harness.frozen_module(args.before) if args.before else None
   implementation = "interpret" if args.quick else "pallas"
   if not args.quick and jax.default_backend() != "gpu":
     parser.error("needs a GPU; use --quick on a CPU")

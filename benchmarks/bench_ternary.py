@@ -88,21 +88,6 @@ HYPER = (0.05, 1e-3, 0.99, 1e-8)  # lr, lr_scale, rms_beta, rms_eps
 L2_BYTES = 50 * 2**20  # H200: 50 MiB; weight copies per group cover >= 2x this.
 
 
-def _frozen_module(path: str):
-  """The kernel module at ``path`` (a frozen copy of an earlier state), imported once."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  if path not in _BEFORE:
-    spec = importlib.util.spec_from_file_location(f"before_{len(_BEFORE)}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    _BEFORE[path] = module
-  return _BEFORE[path]
-
-
-_BEFORE: dict = {}
-
-
 def _baseline():
   """main's kernels (benchmarks/baseline_ternary), imported lazily."""
   from benchmarks.baseline_ternary import pallas_triton as old  # pylint: disable=g-import-not-at-top
@@ -532,7 +517,7 @@ def part_update(args, budget, out) -> None:
     befores.append(("before", functools.partial(_baseline().counter_update, C=C, lagged=False,
                                                 interpret=interpret)))
   if args.before_update:  # The frozen module at today's heuristic config, not screened.
-    frozen = _frozen_module(args.before_update)
+    frozen = _harness.frozen_module(args.before_update)
     befores.append(("frozen", lambda *a, **k: frozen.counter_update(
         *a, C=C, lagged=False, config=None, interpret=interpret)))
   for shape, dtype in cases:
@@ -705,7 +690,7 @@ def part_matmul(args, budget, out) -> None:
             x0, *packs[0], C=C, out_dtype=jnp.float32)
       kernels, kernel_config = matmul_kernels, config
       if isinstance(config, tuple):  # ("before", config): the frozen kernels of --before-matmul.
-        kernels, kernel_config = _frozen_module(args.before_matmul), config[1]
+        kernels, kernel_config = _harness.frozen_module(args.before_matmul), config[1]
       call = functools.partial(kernels.ternary_matmul, C=C, out_dtype=jnp.bfloat16,
                                config=kernel_config, interpret=interpret)
       row = _guard(measure, m_rows, shape, call, packs, y_refs[(m_rows, shape)])
