@@ -818,107 +818,105 @@ def _record_row(record) -> dict:
                          for c in record.candidates]}
 
 
+def _tuned_and_timed(tune, heuristic, time_config) -> dict:
+  """Runs ``tune()`` and times the heuristic and, if another, the selected config.
+
+  ``time_config(config)`` returns the timing fields of one config's row.
+  """
+  start = time.perf_counter()
+  record = tune()
+  row = {**_record_row(record), "tune_s": time.perf_counter() - start, "timed": {}}
+  for label, config in (("heuristic", heuristic), ("selected", record.selected)):
+    row["timed"][label] = {"config": _short(config), **time_config(config)}
+    if record.selected == heuristic:
+      break
+  return row
+
+
 def part_tune(args, budget, out) -> None:
   """Runs the three ternary tuners at the benchmark shapes and times the winner.
 
-  The tuner times by wall clock (queued calls, see ``jaxnoise.ops.autotune``);
-  here the heuristic and the selected config are then timed side by side in
-  device time as the other parts do (updates chained, matmuls on a weight copy
-  per call), so a selection that only won on noise shows up.
+  The tuner times several calls per dispatch by wall clock (see
+  ``jaxnoise.ops.ternary.tuning``); here the heuristic and the selected config
+  are then timed side by side in device time as the other parts do (updates
+  chained, matmuls on a weight copy per call), so a selection that only won
+  on noise shows up.
   """
   from jaxnoise.ops import autotune  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.ternary import tuning  # pylint: disable=g-import-not-at-top
   implementation = "interpret" if args.quick else "pallas"
   interpret = args.quick
+  repeats = 3 if args.quick else 10
   f32, bf16 = jnp.float32, jnp.bfloat16
   copy_bps = out["copy_bytes_per_s"] = copy_bandwidth(args)
   rows = out["cases"] = {}
+
+  def run_case(name, case):
+    if budget.allows(name) and not (args.only and not re.search(args.only, name)):
+      rows[name] = _guard(case)
+      budget.report(f"{name:<60} {_describe_tune(rows[name])}")
+
   update_cases = [((40, 4 * 37), f32)] if args.quick else \
       [((8192, 8192), f32), ((8192, 8192), bf16), ((1536, 2304), f32), ((1000, 3996), f32)]
   for shape, dtype in update_cases:
-    name = f"counter_update {shape[0]}x{shape[1]} {jnp.dtype(dtype).name}"
-    if not budget.allows(name) or (args.only and not re.search(args.only, name)):
-      continue
-
     def tune_update(shape=shape, dtype=dtype):
       state = make_state(jax.random.key(20), *shape)
       grad = jax.random.normal(jax.random.key(21), shape, dtype)
-      start = time.perf_counter()
-      record = tuning.tune_counter_update(*state, grad, C=C, implementation=implementation,
-                                          repeats=3 if args.quick else 10)
-      row = {**_record_row(record), "tune_s": time.perf_counter() - start, "timed": {}}
-      heuristic = config_lib.CounterUpdateConfig.get_heuristics_config(shape, dtype)
-      for label, config in (("heuristic", heuristic), ("selected", record.selected)):
-        fn = functools.partial(update_kernels.counter_update, C=C, lagged=False, config=config,
-                               interpret=interpret)
-        row["timed"][label] = {"config": _short(config),
-                               **time_update(args, fn, shape, dtype, copy_bps)}
-        if record.selected == heuristic:
-          break
-      return row
+      return _tuned_and_timed(
+          lambda: tuning.tune_counter_update(*state, grad, C=C, implementation=implementation,
+                                             repeats=repeats),
+          config_lib.CounterUpdateConfig.get_heuristics_config(shape, dtype),
+          lambda config: time_update(args, functools.partial(
+              update_kernels.counter_update, C=C, lagged=False, config=config,
+              interpret=interpret), shape, dtype, copy_bps))
 
-    rows[name] = _guard(tune_update)
-    budget.report(f"{name:<60} {_describe_tune(rows[name])}")
+    run_case(f"counter_update {shape[0]}x{shape[1]} {jnp.dtype(dtype).name}", tune_update)
 
   matmul_cases = [(3, (48, 16 * 5))] if args.quick else \
       [(m, (n, n)) for n in (4096, 8192) for m in (1, 4, 16, 256)]
   for m_rows, shape in matmul_cases:
-    name = f"ternary_matmul M={m_rows} {shape[0]}x{shape[1]} bfloat16"
-    if not budget.allows(name) or (args.only and not re.search(args.only, name)):
-      continue
-
     def tune_matmul(m_rows=m_rows, shape=shape):
       n_copies = 2 if args.quick else max(2, _copies(shape[0] * shape[1] * 3 // 4, False))
       packs = [make_state(jax.random.key(30 + i), *shape)[:2] for i in range(n_copies + 1)]
       x = jax.random.normal(jax.random.key(31), (m_rows, shape[1]), bf16)
-      start = time.perf_counter()
-      record = tuning.tune_matmul(x, *packs[0], C=C, implementation=implementation,
-                                  repeats=3 if args.quick else 10)
-      row = {**_record_row(record), "tune_s": time.perf_counter() - start, "timed": {}}
-      heuristic = config_lib.MatmulConfig.get_heuristics_config((m_rows,) + shape, bf16)
-      for label, config in (("heuristic", heuristic), ("selected", record.selected)):
+
+      def time_config(config):
         call = jax.jit(functools.partial(matmul_kernels.ternary_matmul, C=C, out_dtype=bf16,
                                          config=config, interpret=interpret))
         busy = _harness.device_busy(call, arg_sets=[(x, *pack) for pack in packs])
-        row["timed"][label] = {"config": _short(config),
-                               "device_s": None if busy is None else busy["busy_ms"] / 1e3}
-        if record.selected == heuristic:
-          break
-      return row
+        return {"device_s": None if busy is None else busy["busy_ms"] / 1e3}
 
-    rows[name] = _guard(tune_matmul)
-    budget.report(f"{name:<60} {_describe_tune(rows[name])}")
+      return _tuned_and_timed(
+          lambda: tuning.tune_matmul(x, *packs[0], C=C, implementation=implementation,
+                                     repeats=repeats),
+          config_lib.MatmulConfig.get_heuristics_config((m_rows,) + shape, bf16), time_config)
+
+    run_case(f"ternary_matmul M={m_rows} {shape[0]}x{shape[1]} bfloat16", tune_matmul)
 
   from_io_shape = (64, 16 * 40) if args.quick else (4096, 4096)
   for m_rows in (64,) if args.quick else (1024, 4096):
-    name = f"counter_update_from_io M={m_rows} {from_io_shape[0]}x{from_io_shape[1]} bfloat16"
-    if not budget.allows(name) or (args.only and not re.search(args.only, name)):
-      continue
-
     def tune_from_io(m_rows=m_rows):
       state = make_state(jax.random.key(40), *from_io_shape)
       x = jax.random.normal(jax.random.key(41), (m_rows, from_io_shape[1]), bf16)
       grad_out = jax.random.normal(jax.random.key(42), (m_rows, from_io_shape[0]), bf16)
-      start = time.perf_counter()
-      record = tuning.tune_counter_update_from_io(*state, x, grad_out, C=C,
-                                                  implementation=implementation,
-                                                  repeats=3 if args.quick else 10)
-      row = {**_record_row(record), "tune_s": time.perf_counter() - start, "timed": {}}
-      heuristic = config_lib.FromIOConfig.get_heuristics_config((m_rows,) + from_io_shape, bf16)
-      for label, config in (("heuristic", heuristic), ("selected", record.selected)):
+
+      def time_config(config):
         run = chained(functools.partial(update_kernels.counter_update_from_io, C=C,
                                         lagged=False, config=config, interpret=interpret), 2)
         busy = _harness.device_busy(
-            lambda p, s, v, run=run: run(p, s, v, x, grad_out),
+            lambda p, s, v: run(p, s, v, x, grad_out),
             arg_sets=[make_state(jax.random.key(43), *from_io_shape) for _ in range(3)])
-        row["timed"][label] = {"config": _short(config),
-                               "device_s": None if busy is None else busy["busy_ms"] / 2e3}
-        if record.selected == heuristic:
-          break
-      return row
+        return {"device_s": None if busy is None else busy["busy_ms"] / 2e3}
 
-    rows[name] = _guard(tune_from_io)
-    budget.report(f"{name:<60} {_describe_tune(rows[name])}")
+      return _tuned_and_timed(
+          lambda: tuning.tune_counter_update_from_io(*state, x, grad_out, C=C,
+                                                     implementation=implementation,
+                                                     repeats=repeats),
+          config_lib.FromIOConfig.get_heuristics_config((m_rows,) + from_io_shape, bf16),
+          time_config)
+
+    run_case(f"counter_update_from_io M={m_rows} {from_io_shape[0]}x{from_io_shape[1]} "
+             f"bfloat16", tune_from_io)
   autotune.clear()
 
 
