@@ -130,9 +130,11 @@ def _interleaved_medians(fns: Sequence[Callable[[], Any]], warmup: int,
 
   Round ``r`` takes one sample of every function, starting at a different one
   each round, so a drift of the machine (clocks, caches, the allocator
-  warming up) spreads over all of them instead of penalising whichever runs
-  first: timed one after the other, the first candidate (the heuristic) came
-  out up to 2x slower by wall clock than in device time (H200, 2026-12-01).
+  warming up) spreads over all of them instead of falling on whichever runs
+  first. (On an H200, 2026-12-01, the first candidate still measured slower
+  by wall clock than its device time in some cases, so drift was not the
+  whole cause of that gap; timing several calls per dispatch, ``batched_run``
+  in :func:`tune`, is what made the picks right in device time.)
   """
   queued = [_calls_per_sample(fn, warmup) for fn in fns]
   samples: list[list[float]] = [[] for _ in fns]
