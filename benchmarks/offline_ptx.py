@@ -4,6 +4,7 @@
     python benchmarks/offline_ptx.py counter_update 8192 8192 float32
     python benchmarks/offline_ptx.py low_rank 1024 8192 8192 bfloat16 --rank 4
     python benchmarks/offline_ptx.py reduce_metric 1024 1048576 float32
+    python benchmarks/offline_ptx.py matmul 4 4096 4096 bfloat16
 
 Lowers one kernel for CUDA with this machine's jax (its Triton IR, as Pallas
 hands it to XLA), compiles that IR for sm_90 with the ``triton`` package's own
@@ -119,8 +120,29 @@ def reduce_metric_case(args):
   return fn, shapes, config, elements
 
 
+def matmul_case(args):
+  from jaxnoise.ops.ternary import config as config_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_matmul  # pylint: disable=g-import-not-at-top
+  m_rows, out_features, in_features = args.dims
+  dtype = jnp.dtype(args.dtype)
+  config = config_lib.MatmulConfig.get_heuristics_config((m_rows, out_features, in_features),
+                                                         dtype)
+
+  def fn(x, packed, scale):
+    return pallas_triton_matmul.ternary_matmul(x, packed, scale, C=11, out_dtype=dtype,
+                                               config=config)
+
+  spec = jax.ShapeDtypeStruct
+  shapes = (spec((m_rows, in_features), dtype),
+            spec((out_features, 3 * in_features // 4), jnp.uint8),
+            spec((out_features,), jnp.float32))
+  # The PTX holds the reduction's step once: block_n output units x the step's inputs.
+  elements = config.block_n * 4 * config.block_groups
+  return fn, shapes, config, elements
+
+
 CASES = {"counter_update": counter_update_case, "low_rank": low_rank_case,
-         "reduce_metric": reduce_metric_case}
+         "matmul": matmul_case, "reduce_metric": reduce_metric_case}
 
 
 def main(argv=None):
@@ -128,7 +150,7 @@ def main(argv=None):
   parser.add_argument("case", choices=sorted(CASES))
   parser.add_argument("dims", type=int, nargs="+",
                       help="counter_update: out in; low_rank: pop out in; "
-                           "reduce_metric: pop params")
+                           "matmul: M out in; reduce_metric: pop params")
   parser.add_argument("dtype")
   parser.add_argument("--rank", type=int, default=1)
   parser.add_argument("--kind", default="binomial")
