@@ -454,11 +454,6 @@ def check_cases(quick: bool) -> list[tuple]:
   for config in [replace(M.get_heuristics_config(shape, bf16), word_loads=True),
                  M(block_m=4, block_n=16, block_groups=16, split_k=2, method="fma"),
                  M(block_m=1, block_n=32, block_groups=32, split_k=4, method="fma",
-                   word_loads=False),
-                 # Ragged steps (37 units of 16 in 4-unit steps) with the codes prefetched.
-                 M(block_m=1, block_n=16, block_groups=16, split_k=2, method="fma",
-                   prefetch_codes=True),
-                 M(block_m=2, block_n=8, block_groups=8, method="fma", prefetch_codes=True,
                    word_loads=False)]:
     m_rows = config.block_m if config.method == "fma" else 5
     cases.append((f"matmul variant M={m_rows} {mm_words[0]}x{mm_words[1]} bf16 {_short(config)}",
@@ -610,22 +605,18 @@ def matmul_sweep_configs(shape) -> list:
   fma_grid = [(8, 256, 4, 4), (16, 128, 8, 4), (8, 512, 1, 4), (16, 512, 1, 8), (4, 256, 4, 2)]
   fma = [M(block_m=block_m, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k,
            method="fma") for n, g, k, w in fma_grid]
-  # Session 8: fma tiles with several steps per program and the next step's codes prefetched
-  # in registers (the two best of run 1 first), and 16-row dot tiles reading x in 16-byte
-  # vectors from x itself (no XLA transpose) against the lane-major x of session 7.
-  prefetch_grid = [(16, 256, 1, 8), (8, 128, 1, 4), (16, 128, 2, 4), (16, 128, 1, 4)]
-  prefetch = [M(block_m=block_m, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k,
-                method="fma", prefetch_codes=True) for n, g, k, w in prefetch_grid]
-  dot_vector = [M(block_m=16, block_n=n, block_groups=g, num_warps=w, num_stages=st, split_k=k)
-                for n, g, k, w, st in [(32, 128, 1, 4, 3), (16, 128, 8, 4, 3), (32, 64, 16, 4, 3),
-                                       (16, 128, 2, 4, 3), (32, 128, 2, 4, 3), (32, 128, 1, 4, 4),
-                                       (64, 128, 1, 8, 3), (16, 128, 1, 4, 3)]]
-  lane_major = lambda c: dataclasses.replace(c, x_vector_loads=False)
-  if m_rows == 1:
-    out = [base] + prefetch + [dataclasses.replace(c, prefetch_codes=False) for c in prefetch[:2]]
-    out += fma[:2]
+  # (block_n, block_groups, split_k, num_warps) of 16-row dot tiles on words.
+  dot_grid = [(32, 128, 4, 4), (64, 128, 16, 4), (32, 256, 8, 4)]
+  dot = [M(block_m=16, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k)
+         for n, g, k, w in dot_grid]
+  if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
+    strided = dataclasses.replace(base, x_vector_loads=False)
+    out = [base, strided] + fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
+    out += dot[:2]
+  elif m_rows <= 4:
+    out = [base] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
   elif m_rows <= 16:
-    out = [base, lane_major(base)] + dot_vector + [lane_major(c) for c in dot_vector[:2]]
+    out = [base] + dot
   elif m_rows < 256:
     out = [base] + [c for c in M.candidates(shape, jnp.bfloat16) if c.method != base.method][:3]
   else:

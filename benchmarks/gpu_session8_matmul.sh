@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran at commit f8e22d6 (run 1 with its first sweep list); the options it measured were
+# removed after (no gain), so check that commit out to run it again.
 # Session 8 (one H200): the packed matmul's fma tiles with several steps per program and the
 # next step's codes prefetched in registers (MatmulConfig.prefetch_codes), against the same
 # tiles without it and the session-7 heuristic; 16-row dot tiles with several (pipelined)

@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran at commit f8e22d6 (run 1 with its first sweep list); the options it measured were
+# removed after (no gain), so check that commit out to run it again.
 # Session 8 run 2 (one H200): 16-row dot tiles reading x in 16-byte vectors from x itself (no
 # XLA transpose; MatmulConfig.x_vector_loads) against session 7's lane-major x, and the best
 # prefetching fma tiles of run 1 again; the matmul cases of the compiled check first.

@@ -392,10 +392,6 @@ class MatmulConfig:
     x_vector_loads: ``"fma"`` tiles read ``x`` in 16-byte vectors of
       consecutive lanes and split them in registers (False: one strided load
       per lane, which kept the H200's L1 the busiest unit at one row).
-    prefetch_codes: ``"fma"`` tiles load the codes of step ``i + 1`` before
-      the arithmetic of step ``i`` (carried in registers), so each warp has
-      loads in flight while it computes; Triton's pipeliner only overlaps
-      loads that feed a dot. Matters with several steps per program.
   """
 
   block_m: int = 64
@@ -408,7 +404,6 @@ class MatmulConfig:
   method: str = "dot"
   word_loads: bool = True
   x_vector_loads: bool = True
-  prefetch_codes: bool = False
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
@@ -427,7 +422,7 @@ class MatmulConfig:
     if (not isinstance(self.split_k, int) or isinstance(self.split_k, bool)
         or self.split_k < 1):
       raise ValueError(f"MatmulConfig.split_k must be a positive int, got {self.split_k!r}")
-    for name in ("allow_tf32", "word_loads", "x_vector_loads", "prefetch_codes"):
+    for name in ("allow_tf32", "word_loads", "x_vector_loads"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"MatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -471,8 +466,7 @@ class MatmulConfig:
       # 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us). Exact float32 GEMM tiles spill;
       # XLA's float32 GEMM on the decoded t is exact too.
       return cls(method="decode")
-    # GEMM tiles keep x lane-major (an XLA transpose): vector x was measured at <= 16 rows.
-    config = dataclasses.replace(cls._dot_tiles(shape, dtype), x_vector_loads=False)
+    config = cls._dot_tiles(shape, dtype)
     if m_rows <= 16 and itemsize <= 2:
       # Session 6 runs 3-5 (device time): 32 outputs x 512 inputs (words) per program, one
       # step each (in split into 512-input slabs): M=4 17.3-17.5 / 44.3-44.6 us at 4096^2 /

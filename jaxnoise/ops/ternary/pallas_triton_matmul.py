@@ -57,7 +57,7 @@ _DIMS_NN = (((1,), (0,)), ((), ()))
 
 def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
                    n_units, block_m, block_n, block_units, steps_per_split, method,
-                   compute_dtype, precision, partial_sums, x_vector=1, prefetch=False):
+                   compute_dtype, precision, partial_sums, x_vector=1):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
 
   ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
@@ -90,32 +90,27 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
   units_even = n_units % (steps_per_split * block_units) == 0
   first_unit = split * (steps_per_split * block_units)
 
-  def unit_mask_of(u0):
-    return None if units_even else (u0 + _iota(block_units)) < n_units
-
-  def fetch_codes(i):
-    """Step ``i``'s three packed lanes ``(block_n, block_units)``."""
+  def fetch(i):
+    """Step ``i``'s three packed lanes ``(block_n, block_units)`` and ``L`` lanes of ``x``."""
     u0 = first_unit + i * block_units
-    return tuple(_load_lanes(packed_ref, n0, block_n, u0, block_units, 3,
-                             _outer_and(n_mask, unit_mask_of(u0), (block_n, block_units)), 0))
-
-  def fetch_x(i):
-    """Step ``i``'s ``L`` lanes of ``x``, ``(block_m, block_units)`` each."""
-    u0 = first_unit + i * block_units
-    x_mask = _outer_and(m_mask, unit_mask_of(u0), (block_m, block_units))
-    if x_vector > 1:  # (M, units, L): x_vector consecutive lanes per load, split in registers.
+    unit_mask = None if units_even else (u0 + _iota(block_units)) < n_units
+    raw = _load_lanes(packed_ref, n0, block_n, u0, block_units, 3,
+                      _outer_and(n_mask, unit_mask, (block_n, block_units)), 0)
+    x_mask = _outer_and(m_mask, unit_mask, (block_m, block_units))
+    if method == "dot":  # (M, L, units): lane j is a contiguous row of units.
+      index = lambda j: (pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units))
+    elif x_vector > 1:  # (M, units, L): x_vector consecutive lanes per load, split in registers.
       xs = []
       for first in range(0, n_lanes, x_vector):
         window = x_ref.at[pl.ds(m0, block_m), pl.ds(u0, block_units), pl.ds(first, x_vector)]
         xs.extend(split_lanes(plgpu.load(window) if x_mask is None else
                               plgpu.load(window, mask=x_mask[:, :, None], other=0)))
-      return tuple(xs)
-    if method == "dot":  # (M, L, units): lane j is a contiguous row of units.
-      index = lambda j: (pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units))
+      return tuple(raw), tuple(xs)
     else:  # (M, units, L): lane j is every L-th element of x's row.
       index = lambda j: (pl.ds(m0, block_m), pl.ds(u0, block_units), _I32(j))
-    return tuple(plgpu.load(x_ref.at[index(j)], mask=x_mask, other=None if x_mask is None else 0)
-                 for j in range(n_lanes))
+    xs = [plgpu.load(x_ref.at[index(j)], mask=x_mask, other=None if x_mask is None else 0)
+          for j in range(n_lanes)]
+    return tuple(raw), tuple(xs)
 
   def buckets_of(raw):
     """Per code lane: ``(c >= lv, c >= 2 lv)``."""
@@ -146,23 +141,7 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
 
     acc = jnp.zeros((block_m, block_n, block_units), _F32)
 
-  if not prefetch or steps_per_split == 1:
-    acc = _loop(steps_per_split,
-                lambda i, acc: accumulate(acc, (fetch_codes(i), fetch_x(i))), acc)
-  else:
-    # The codes of step i + 1 are loaded before step i's arithmetic, so every warp keeps
-    # loads in flight while it computes (Triton pipelines only loads that feed a dot).
-    # x is not carried: a carried x tile is re-laid out (through shared memory, behind a
-    # barrier) where it is loaded, which would wait for the load at once. The last step
-    # reloads its own codes (a clamped index) instead of reading past the split.
-    last = steps_per_split - 1
-
-    def step(i, carry):
-      acc, codes = carry
-      following = fetch_codes(jnp.minimum(i + 1, last))
-      return accumulate(acc, (codes, fetch_x(i))), following
-
-    acc, _ = jax.lax.fori_loop(0, steps_per_split, step, (acc, fetch_codes(0)))
+  acc = _loop(steps_per_split, lambda i, acc: accumulate(acc, fetch(i)), acc)
   if method != "dot":
     acc = jnp.sum(acc, axis=2)
 
@@ -187,21 +166,16 @@ def _outer_and(row_mask, col_mask, shape):
   return row_mask[:, None] & col_mask[None, :]
 
 
-def _x_operand(x, layout: UnitLayout, method: str, x_vector: int, compute_dtype):
-  """The kernel's ``x``: a free ``(M, units, L)`` view, or lane-major (XLA transpose).
+def _x_operand(x, layout: UnitLayout, method: str, compute_dtype):
+  """The kernel's ``x``: lane-major in the compute dtype (dot), else a free ``(M, units, L)`` view.
 
-  With ``x_vector > 1`` the tiles load ``x_vector`` consecutive lanes of the
-  view per 16-byte load and split them in registers, so no XLA op runs before
-  the kernel (one fewer launch at decode sizes, where the whole matmul takes
-  ~10-20 us). Else the dot tiles load each lane as a contiguous
-  ``(block_m, block_units)`` tile of XLA's transpose (:func:`x_lanes`) and the
-  fma tiles load each lane strided from the view. The dot tiles take ``x`` in
-  the compute dtype.
+  The dot tiles load each lane as a contiguous ``(block_m, block_units)``
+  tile from XLA's transpose; the fma tiles load the lanes strided from ``x``
+  itself, so no XLA op runs before the kernel (one fewer launch at decode
+  sizes, where the whole matmul takes ~10 us).
   """
   if method == "dot":
-    x = x.astype(compute_dtype)
-    if x_vector == 1:
-      return x_lanes(x, layout)
+    return x_lanes(x, layout).astype(compute_dtype)
   m_rows, in_features = x.shape
   return x.reshape(m_rows, in_features // layout.codes, layout.codes)
 
@@ -278,15 +252,13 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
   splits = _cdiv(n_steps, steps_per_split)
   partial_sums = splits > 1
   x_vector = 1
-  if config.x_vector_loads:  # 16-byte loads of consecutive lanes
-    loaded = compute_dtype if config.method == "dot" else x.dtype
-    x_vector = min(per_unit, max(1, 16 // jnp.dtype(loaded).itemsize))
+  if config.method == "fma" and config.x_vector_loads:  # 16-byte loads of consecutive lanes
+    x_vector = min(per_unit, max(1, 16 // jnp.dtype(x.dtype).itemsize))
   kernel = functools.partial(
       _matmul_kernel, C=C, layout=layout, m_rows=m_rows, n_out=out_features, n_units=n_units,
       block_m=config.block_m, block_n=config.block_n, block_units=block_units,
       steps_per_split=steps_per_split, method=config.method, compute_dtype=compute_dtype,
-      precision=precision, partial_sums=partial_sums, x_vector=x_vector,
-      prefetch=config.method == "fma" and config.prefetch_codes)
+      precision=precision, partial_sums=partial_sums, x_vector=x_vector)
   if partial_sums:
     out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)
   else:
@@ -295,8 +267,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       kernel, name="ternary_matmul",
       grid=(_cdiv(m_rows, config.block_m), _cdiv(out_features, config.block_n), splits),
       out_shape=out_shape, config=config, interpret=interpret,
-  )(_x_operand(x, layout, config.method, x_vector, compute_dtype), packed_units(packed, layout),
-    scale)
+  )(_x_operand(x, layout, config.method, compute_dtype), packed_units(packed, layout), scale)
   if partial_sums:
     y = (jnp.sum(y, axis=0) * scale.astype(_F32)[None, :]).astype(out_dtype)
   return y
