@@ -44,6 +44,21 @@ def test_centered_rank_values_ties_and_permutation(rng):
   np.testing.assert_array_equal(centered_rank(jnp.array([4.0])), 0.0)
 
 
+@pytest.mark.parametrize("pop", [2, 7, 64, 1001])
+def test_centered_rank_matches_average_ranks_with_many_ties(rng, pop):
+  # Few distinct values (long tie runs, -0.0 beside 0.0) and a run at each end of the order.
+  values = rng.integers(-3, 4, size=pop).astype(np.float32) * np.float32(1e30)
+  values[rng.random(pop) < 0.2] = -0.0
+  below = (values[None, :] < values[:, None]).sum(axis=1)
+  up_to = (values[None, :] <= values[:, None]).sum(axis=1)
+  expected = (below + up_to - 1) / 2.0 / (pop - 1) - 0.5
+  shaped = jax.jit(centered_rank)(jnp.asarray(values))
+  np.testing.assert_allclose(shaped, expected, atol=1e-7)
+  # Batched populations shape each row on its own.
+  batch = jnp.stack([jnp.asarray(values), -jnp.asarray(values)])
+  np.testing.assert_array_equal(jax.vmap(centered_rank)(batch)[0], shaped)
+
+
 def test_z_score_and_raw(rng):
   fitness = jnp.asarray(rng.normal(3.0, 2.0, size=16), jnp.float32)
   shaped = z_score(fitness)

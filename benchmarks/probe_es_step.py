@@ -1,0 +1,93 @@
+"""Where one ES step of EGGROLL's layer spends its device time, kernel by kernel.
+
+    XLA_FLAGS=--xla_dump_to=$OUT/xla python3 benchmarks/probe_es_step.py --out $OUT
+
+The step of ``bench_low_rank.py`` (1024 members, one row each, an (8192, 8192)
+layer, rank 1, binomial, antithetic, centered ranks, the gradient estimate on
+bf16 operands through XLA's GEMM, SGD), in bf16 and f32, and beside it the
+same step without centered ranks and without donating the weight, so that a
+kernel or copy that one of them adds shows up as a difference. Session 4
+found a constant 0.038 ms "Memcpy DtoD" in every step that no kernel of the
+step's HLO explained; with ``--xla_dump_to`` XLA's thunk sequences name every
+copy the executable makes. Prints each variant's device time per kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import optax
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
+import jaxnoise  # noqa: E402
+from jaxnoise.ops.virtual_noise import config as config_lib  # noqa: E402
+
+POP, WIDTH, SIGMA = 1024, 8192, 0.01
+
+
+def make_step(dtype, *, ranks: bool, rank: int = 1):
+  """The ES step of ``bench_low_rank._step_case`` with SGD and XLA's gradient GEMM."""
+  optimizer = optax.sgd(1e-3)
+  gradient_config = config_lib.LowRankGradientConfig(operand_dtype="bfloat16", xla_gemm=True)
+
+  def step(weight, x, seeds):
+    y = jaxnoise.virtual_perturbed_linear(x, weight, None, seeds, SIGMA, 0, antithetic=True,
+                                          rank=rank, out_dtype=dtype)
+    fitness = jnp.mean(jnp.square(y.astype(jnp.float32) - 0.5), axis=(1, 2))
+    if ranks:
+      fitness = jaxnoise.optim.centered_rank(fitness)
+    gradient = jaxnoise.virtual_weight_gradient(
+        fitness, seeds, weight.shape, SIGMA, None, 0, antithetic=True, rank=rank,
+        config=gradient_config)
+    updates, _ = optimizer.update(gradient.astype(weight.dtype), optimizer.init(weight), weight)
+    return optax.apply_updates(weight, updates)
+
+  return step
+
+
+def measure(dtype, *, ranks: bool, donate: bool) -> dict:
+  key = jax.random.key(0)
+  weight = (jax.random.normal(key, (WIDTH, WIDTH), jnp.float32) / WIDTH ** 0.5).astype(dtype)
+  x = jax.random.normal(jax.random.key(1), (POP, 1, WIDTH), dtype)
+  seeds = jaxnoise.draw_seeds(jax.random.key(2), POP, antithetic=True)
+  step = jax.jit(make_step(dtype, ranks=ranks), donate_argnums=(0,) if donate else ())
+  state = {"weight": weight}
+
+  def run(x, seeds):
+    state["weight"] = step(state["weight"], x, seeds)
+    return state["weight"]
+
+  busy = _harness.device_busy(run, x, seeds, calls=10)
+  if busy is None:
+    return {}
+  kernels = dict(sorted(busy["kernels"].items(), key=lambda kv: -kv[1]))
+  return {"busy_ms": busy["busy_ms"], "kernels_ms": kernels}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default="benchmarks/out")
+  args = parser.parse_args(argv)
+  results = {}
+  for dtype in (jnp.bfloat16, jnp.float32):
+    for ranks, donate in ((True, True), (False, True), (True, False)):
+      name = (f"{jnp.dtype(dtype).name} {'ranks' if ranks else 'raw fitness'} "
+              f"{'donated' if donate else 'not donated'}")
+      results[name] = row = measure(dtype, ranks=ranks, donate=donate)
+      print(f"{name}: {row.get('busy_ms', float('nan')):.3f} ms", flush=True)
+      for kernel, ms in list(row.get("kernels_ms", {}).items())[:10]:
+        print(f"    {ms:.4f}  {kernel}")
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  _harness.write_json(str(out / "probe_es_step.json"),
+                      {**_harness.device_facts(), "results": results})
+
+
+if __name__ == "__main__":
+  main()
