@@ -10,6 +10,9 @@ kernel or copy that one of them adds shows up as a difference. Session 4
 found a constant 0.038 ms "Memcpy DtoD" in every step that no kernel of the
 step's HLO explained; with ``--xla_dump_to`` XLA's thunk sequences name every
 copy the executable makes. Prints each variant's device time per kernel.
+
+Found with it (session 8, ``benchmarks/RESULTS.md``): the copy and 0.06 ms
+more came from ``centered_rank``'s two ``searchsorted`` while loops.
 """
 
 from __future__ import annotations
@@ -51,17 +54,50 @@ def make_step(dtype, *, ranks: bool, rank: int = 1):
   return step
 
 
-def measure(dtype, *, ranks: bool, donate: bool) -> dict:
+def make_es_step(dtype, optimizer_name: str, rank: int = 1):
+  """The same generation through the library's ES transform (``evolution_strategy``).
+
+  Its ``update`` adds what the hand-written step leaves out: the shaping's
+  barriers, weight-decay-free loss gradient, the inner optimizer, the check
+  that updates and optimizer state are finite and the skip policy.
+  """
+  optimizer = optax.sgd(1e-3) if optimizer_name == "sgd" else optax.adam(1e-3)
+  es = jaxnoise.optim.evolution_strategy(
+      SIGMA, optimizer, pop_size=POP, rank=rank,
+      config=config_lib.LowRankGradientConfig(operand_dtype="bfloat16", xla_gemm=True))
+
+  def step(params, es_state, x):
+    seeds, _ = es.ask(es_state)
+    y = jaxnoise.virtual_perturbed_linear(x, params["w"], None, seeds, SIGMA, 0,
+                                          antithetic=True, rank=rank, out_dtype=dtype)
+    fitness = jnp.mean(jnp.square(y.astype(jnp.float32) - 0.5), axis=(1, 2))
+    updates, es_state = es.update(fitness, es_state, params)
+    return optax.apply_updates(params, updates), es_state
+
+  return es, step
+
+
+def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None) -> dict:
   key = jax.random.key(0)
   weight = (jax.random.normal(key, (WIDTH, WIDTH), jnp.float32) / WIDTH ** 0.5).astype(dtype)
   x = jax.random.normal(jax.random.key(1), (POP, 1, WIDTH), dtype)
   seeds = jaxnoise.draw_seeds(jax.random.key(2), POP, antithetic=True)
-  step = jax.jit(make_step(dtype, ranks=ranks), donate_argnums=(0,) if donate else ())
-  state = {"weight": weight}
+  if es_optimizer is not None:
+    es, es_step = make_es_step(dtype, es_optimizer)
+    step = jax.jit(es_step, donate_argnums=(0, 1))
+    state = {"carry": ({"w": weight}, es.init({"w": weight}))}
 
-  def run(x, seeds):
-    state["weight"] = step(state["weight"], x, seeds)
-    return state["weight"]
+    def run(x, seeds):
+      del seeds  # the ES state draws them
+      state["carry"] = step(*state["carry"], x)
+      return state["carry"]
+  else:
+    step = jax.jit(make_step(dtype, ranks=ranks), donate_argnums=(0,) if donate else ())
+    state = {"weight": weight}
+
+    def run(x, seeds):
+      state["weight"] = step(state["weight"], x, seeds)
+      return state["weight"]
 
   busy = _harness.device_busy(run, x, seeds, calls=10)
   if busy is None:
@@ -76,10 +112,14 @@ def main(argv=None):
   args = parser.parse_args(argv)
   results = {}
   for dtype in (jnp.bfloat16, jnp.float32):
-    for ranks, donate in ((True, True), (False, True), (True, False)):
-      name = (f"{jnp.dtype(dtype).name} {'ranks' if ranks else 'raw fitness'} "
-              f"{'donated' if donate else 'not donated'}")
-      results[name] = row = measure(dtype, ranks=ranks, donate=donate)
+    variants = [(f"{'ranks' if ranks else 'raw fitness'} {'donated' if donate else 'not donated'}",
+                 dict(ranks=ranks, donate=donate))
+                for ranks, donate in ((True, True), (False, True), (True, False))]
+    variants += [(f"evolution_strategy {name}", dict(ranks=True, donate=True, es_optimizer=name))
+                 for name in ("sgd", "adam")]
+    for label, kwargs in variants:
+      name = f"{jnp.dtype(dtype).name} {label}"
+      results[name] = row = measure(dtype, **kwargs)
       print(f"{name}: {row.get('busy_ms', float('nan')):.3f} ms", flush=True)
       for kernel, ms in list(row.get("kernels_ms", {}).items())[:10]:
         print(f"    {ms:.4f}  {kernel}")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 HAS_GPU = jax.default_backend() == "gpu"
+_CACHE_KEY = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
@@ -38,9 +39,6 @@ def pytest_unconfigure(config):
   path = config.stash.get(_CACHE_KEY, None)
   if path:
     shutil.rmtree(path, ignore_errors=True)
-
-
-_CACHE_KEY = pytest.StashKey[str]()
 
 
 def pytest_collection_modifyitems(config, items):
