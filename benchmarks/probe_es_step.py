@@ -34,15 +34,20 @@ from jaxnoise.ops.virtual_noise import config as config_lib  # noqa: E402
 POP, WIDTH, SIGMA = 1024, 8192, 0.01
 
 
+def raw_fitness(x, weight, seeds, dtype, rank):
+  """The generation's forward and loss, the same in every variant."""
+  y = jaxnoise.virtual_perturbed_linear(x, weight, None, seeds, SIGMA, 0, antithetic=True,
+                                        rank=rank, out_dtype=dtype)
+  return jnp.mean(jnp.square(y.astype(jnp.float32) - 0.5), axis=(1, 2))
+
+
 def make_step(dtype, *, ranks: bool, rank: int = 1):
   """The ES step of ``bench_low_rank._step_case`` with SGD and XLA's gradient GEMM."""
   optimizer = optax.sgd(1e-3)
   gradient_config = config_lib.LowRankGradientConfig(operand_dtype="bfloat16", xla_gemm=True)
 
   def step(weight, x, seeds):
-    y = jaxnoise.virtual_perturbed_linear(x, weight, None, seeds, SIGMA, 0, antithetic=True,
-                                          rank=rank, out_dtype=dtype)
-    fitness = jnp.mean(jnp.square(y.astype(jnp.float32) - 0.5), axis=(1, 2))
+    fitness = raw_fitness(x, weight, seeds, dtype, rank)
     if ranks:
       fitness = jaxnoise.optim.centered_rank(fitness)
     gradient = jaxnoise.virtual_weight_gradient(
@@ -68,9 +73,7 @@ def make_es_step(dtype, optimizer_name: str, rank: int = 1):
 
   def step(params, es_state, x):
     seeds, _ = es.ask(es_state)
-    y = jaxnoise.virtual_perturbed_linear(x, params["w"], None, seeds, SIGMA, 0,
-                                          antithetic=True, rank=rank, out_dtype=dtype)
-    fitness = jnp.mean(jnp.square(y.astype(jnp.float32) - 0.5), axis=(1, 2))
+    fitness = raw_fitness(x, params["w"], seeds, dtype, rank)
     updates, es_state = es.update(fitness, es_state, params)
     return optax.apply_updates(params, updates), es_state
 
