@@ -18,6 +18,7 @@ more came from ``centered_rank``'s two ``searchsorted`` while loops.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 
@@ -30,6 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
 import jaxnoise  # noqa: E402
 from jaxnoise.ops.virtual_noise import config as config_lib  # noqa: E402
+from jaxnoise.optim import es as es_lib  # noqa: E402
 
 POP, WIDTH, SIGMA = 1024, 8192, 0.01
 
@@ -59,7 +61,41 @@ def make_step(dtype, *, ranks: bool, rank: int = 1):
   return step
 
 
-def make_es_step(dtype, optimizer_name: str, rank: int = 1):
+@dataclasses.dataclass(frozen=True)
+class _SkipVariant(jaxnoise.optim.EvolutionStrategy):
+  """The transform with another way of dropping a non-finite generation (``skip_form``).
+
+  * ``"where"``: the library's ``apply_gradient`` (element-wise selects);
+  * ``"cond state"``: the inner state chosen by ``lax.cond`` (no select pass
+    when XLA can hand the new state through), the updates by ``where``;
+  * ``"no check"``: nothing checked (what optax does): the lower bound.
+  """
+
+  skip_form: str = "where"
+
+  def apply_gradient(self, ascent, nonfinite_count, state, params, rescaled_count=None):
+    if self.skip_form == "where":
+      return super().apply_gradient(ascent, nonfinite_count, state, params, rescaled_count)
+    # pylint: disable=protected-access
+    param_tree = self._params(params)
+    ascent = jax.lax.optimization_barrier(ascent)
+    loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
+    updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
+    if self.skip_form == "no check":
+      dropped = jnp.zeros((), bool)
+    else:
+      dropped = ~(es_lib._all_finite(updates) & es_lib._all_finite(inner_state))
+      inner_state = jax.lax.cond(dropped, lambda old, new: old, lambda old, new: new,
+                                 state.inner_state, inner_state)
+    updates = jax.tree.map(lambda u: es_lib._seal(jnp.where(dropped, jnp.zeros_like(u), u)),
+                           updates)
+    return updates, state._replace(
+        generation=state.generation + 1, inner_state=inner_state,
+        nonfinite_count=state.nonfinite_count + nonfinite_count,
+        dropped_count=state.dropped_count + dropped.astype(jnp.int32))
+
+
+def make_es_step(dtype, optimizer_name: str, rank: int = 1, skip_form: str = "where"):
   """The same generation through the library's ES transform (``evolution_strategy``).
 
   Its ``update`` adds what the hand-written step leaves out: the shaping's
@@ -70,6 +106,8 @@ def make_es_step(dtype, optimizer_name: str, rank: int = 1):
   es = jaxnoise.optim.evolution_strategy(
       SIGMA, optimizer, pop_size=POP, rank=rank,
       config=config_lib.LowRankGradientConfig(operand_dtype="bfloat16", xla_gemm=True))
+  es = _SkipVariant(**{field.name: getattr(es, field.name) for field in dataclasses.fields(es)},
+                    skip_form=skip_form)
 
   def step(params, es_state, x):
     seeds, _ = es.ask(es_state)
@@ -80,14 +118,15 @@ def make_es_step(dtype, optimizer_name: str, rank: int = 1):
   return es, step
 
 
-def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None) -> dict:
+def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None,
+            skip_form: str = "where", donate_state: bool = True) -> dict:
   key = jax.random.key(0)
   weight = (jax.random.normal(key, (WIDTH, WIDTH), jnp.float32) / WIDTH ** 0.5).astype(dtype)
   x = jax.random.normal(jax.random.key(1), (POP, 1, WIDTH), dtype)
   seeds = jaxnoise.draw_seeds(jax.random.key(2), POP, antithetic=True)
   if es_optimizer is not None:
-    es, es_step = make_es_step(dtype, es_optimizer)
-    step = jax.jit(es_step, donate_argnums=(0, 1))
+    es, es_step = make_es_step(dtype, es_optimizer, skip_form=skip_form)
+    step = jax.jit(es_step, donate_argnums=(0, 1) if donate_state else (0,))
     state = {"carry": ({"w": weight}, es.init({"w": weight}))}
 
     def run(x, seeds):
@@ -112,6 +151,8 @@ def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="benchmarks/out")
+  parser.add_argument("--skip-forms", action="store_true",
+                      help="only the transform, with each way of dropping a generation")
   args = parser.parse_args(argv)
   results = {}
   for dtype in (jnp.bfloat16, jnp.float32):
@@ -120,6 +161,13 @@ def main(argv=None):
                 for ranks, donate in ((True, True), (False, True), (True, False))]
     variants += [(f"evolution_strategy {name}", dict(ranks=True, donate=True, es_optimizer=name))
                  for name in ("sgd", "adam")]
+    if args.skip_forms:
+      variants = [(f"evolution_strategy {name} {form}{'' if donate else ' state not donated'}",
+                   dict(ranks=True, donate=True, es_optimizer=name, skip_form=form,
+                        donate_state=donate))
+                  for name in ("sgd", "adam")
+                  for form, donate in (("where", True), ("cond state", True),
+                                       ("cond state", False), ("no check", True))]
     for label, kwargs in variants:
       name = f"{jnp.dtype(dtype).name} {label}"
       results[name] = row = measure(dtype, **kwargs)
