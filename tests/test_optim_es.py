@@ -1,5 +1,6 @@
 """The optax-style ES transform (jaxnoise.optim.es) and the minimal example."""
 
+import functools
 import os
 import pathlib
 import re
@@ -165,6 +166,59 @@ def test_nonfinite_fitness_skip_policy(rng):
   assert int(skipped.nonfinite_count) == 1 and int(skipped.generation) == 2
 
 
+@pytest.mark.parametrize("nonfinite", ["worst", "skip"])
+@pytest.mark.parametrize("optimizer", [optax.sgd(0.05, momentum=0.9), optax.adam(0.1)],
+                         ids=["sgd_momentum", "adam"])
+def test_without_the_finite_check_finite_generations_are_the_same(rng, optimizer, nonfinite):
+  """check_finite=False leaves the check out and changes nothing else, skips included.
+
+  Not bit for bit: without the check XLA fuses the optimizer's arithmetic
+  differently, and on CPU a product may then be a fused multiply-add (1 ulp).
+  """
+  params = random_params(rng)
+  checked, unchecked = (evolution_strategy(0.1, optimizer, pop_size=8, nonfinite=nonfinite,
+                                           weight_decay=0.01, check_finite=check)
+                        for check in (True, False))
+  state = checked.init(params)
+  for generation in range(4):
+    fitness = jnp.asarray(rng.normal(size=8), jnp.float32)
+    if generation == 2:
+      fitness = fitness.at[5].set(jnp.nan)  # "skip" drops it; "worst" repairs it
+    updates, new_state = jax.jit(checked.update)(fitness, state, params)
+    others, other_state = jax.jit(unchecked.update)(fitness, state, params)
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-12)
+    jax.tree.map(close, updates, others)
+    jax.tree.map(close, new_state, other_state)
+    if generation == 2 and nonfinite == "skip":
+      jax.tree.map(lambda u: np.testing.assert_array_equal(u, 0), others)
+      jax.tree.map(np.testing.assert_array_equal, other_state.inner_state, state.inner_state)
+    else:
+      assert float(jnp.abs(others["w"]).max()) > 0
+    assert int(other_state.dropped_count) == 0
+    params, state = optax.apply_updates(params, updates), new_state
+  assert int(state.nonfinite_count) == 1
+
+
+def test_without_the_finite_check_a_poisoned_state_is_applied_as_optax_would():
+  """What check_finite=False gives up: the state's inf reaches the output, uncounted."""
+  params = {"x": jnp.ones(3)}
+  adam = optax.adam(0.01)
+  es = evolution_strategy(0.1, adam, pop_size=4, check_finite=False,
+                          implementation="reference")
+  state = es.init(params)
+  moments, rest = state.inner_state[0], state.inner_state[1:]
+  poisoned = state._replace(inner_state=(moments._replace(nu={"x": jnp.full(3, jnp.inf)}),)
+                            + rest)
+  ascent = es.gradient(es.shape(jnp.arange(4.0))[0], es.seeds(state), params)
+  want_updates, want_inner = adam.update(jax.tree.map(jnp.negative, ascent),
+                                         poisoned.inner_state, params)
+  updates, new = es.update(jnp.arange(4.0), poisoned, params)
+  jax.tree.map(np.testing.assert_array_equal, updates, want_updates)
+  jax.tree.map(np.testing.assert_array_equal, new.inner_state, want_inner)
+  assert int(new.dropped_count) == 0
+  assert not bool(jnp.all(jnp.isfinite(new.inner_state[0].nu["x"])))
+
+
 def test_seeds_are_a_function_of_the_state():
   es = evolution_strategy(0.1, optax.sgd(0.1), pop_size=6, seed=3)
   state = es.init({"w": jnp.zeros(2)})
@@ -247,6 +301,8 @@ def test_validation():
     evolution_strategy(0.1, "adam", pop_size=4)
   with pytest.raises(ValueError, match="implementation"):
     evolution_strategy(0.1, optax.sgd(0.1), pop_size=4, implementation="cuda")
+  with pytest.raises(TypeError, match="check_finite must be a bool, got str"):
+    evolution_strategy(0.1, optax.sgd(0.1), pop_size=4, check_finite="no")
   es = evolution_strategy(0.1, optax.sgd(0.1), pop_size=4)
   params = {"w": jnp.zeros(3)}
   with pytest.raises(ValueError, match=r"fitness must have shape \(4,\)"):
