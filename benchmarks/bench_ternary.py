@@ -461,6 +461,12 @@ def check_cases(quick: bool) -> list[tuple]:
   config = M(block_m=128, block_n=128, block_groups=32, num_warps=8)
   cases.append((f"matmul variant M={big_m} {mm_words[0]}x{mm_words[1]} bf16 {_short(config)}",
                 _check_matmul, dict(shape=(big_m,) + mm_words, dtype=bf16, config=config)))
+  for shape, dtype, target in [(mm_words, bf16, "int8"), (mm_words, bf16, "compute"),
+                               (mm_bytes, bf16, "int4"), (mm_bytes, f32, "int8")]:
+    config = M(method="decode", decode_to=target)
+    cases.append((f"matmul variant M={big_m} {shape[0]}x{shape[1]} {jnp.dtype(dtype).name} "
+                  f"{_short(config)}", _check_matmul,
+                  dict(shape=(big_m,) + shape, dtype=dtype, config=config)))
   config = replace(config_lib.FromIOConfig.get_heuristics_config(large_io, bf16),
                    word_loads=False)
   cases.append((f"from_io variant M={large_io[0]} {large_io[1]}x{large_io[2]} {_short(config)}",
@@ -609,6 +615,10 @@ def matmul_sweep_configs(shape) -> list:
   dot_grid = [(32, 128, 4, 4), (64, 128, 16, 4), (32, 256, 8, 4)]
   dot = [M(block_m=16, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k)
          for n, g, k, w in dot_grid]
+  # What "decode" writes for XLA's GEMM, besides the heuristic's (session 9).
+  decode_targets = [dataclasses.replace(base, decode_to=target)
+                    for target in config_lib.DECODE_TARGETS
+                    if base.method == "decode" and target != base.decode_to]
   if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
     strided = dataclasses.replace(base, x_vector_loads=False)
     out = [base, strided] + fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
@@ -618,11 +628,13 @@ def matmul_sweep_configs(shape) -> list:
   elif m_rows <= 16:
     out = [base] + dot
   elif m_rows < 256:
-    out = [base] + [c for c in M.candidates(shape, jnp.bfloat16) if c.method != base.method][:3]
+    out = [base] + decode_targets + [c for c in M.candidates(shape, jnp.bfloat16)
+                                     if c.method != base.method][:3]
   else:
     # GEMM tiles that decode in registers (bytes: 4 code lanes, so 4 dots of block_groups
     # each; words: 16 dots of block_groups / 4) against the decode-then-XLA-GEMM default.
-    out = [base] + [M(block_m=bm, block_n=bn, block_groups=g, num_warps=w, word_loads=words)
+    out = [base] + decode_targets + [
+        M(block_m=bm, block_n=bn, block_groups=g, num_warps=w, word_loads=words)
                     for bm, bn, g, w, words in [(128, 128, 64, 8, False), (128, 128, 32, 8, False),
                                                 (64, 128, 64, 4, False), (128, 256, 32, 8, False),
                                                 (128, 128, 128, 8, True)]]

@@ -361,6 +361,9 @@ class FromIOConfig:
 
 
 MATMUL_METHODS = ("dot", "fma", "decode")
+# What the "decode" method writes for XLA's GEMM: two ternary values per byte (int4),
+# one (int8), or the compute dtype. XLA converts int4 / int8 inside its GEMM.
+DECODE_TARGETS = ("int4", "int8", "compute")
 # Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
 _GEMV_PROGRAMS = 512
 
@@ -392,6 +395,9 @@ class MatmulConfig:
     x_vector_loads: ``"fma"`` tiles read ``x`` in 16-byte vectors of
       consecutive lanes and split them in registers (False: one strided load
       per lane, which kept the H200's L1 the busiest unit at one row).
+    decode_to: what ``"decode"`` writes for XLA's GEMM (one of
+      :data:`DECODE_TARGETS`): ``"int4"`` (half a byte per weight, converted
+      inside the GEMM), ``"int8"`` or ``"compute"`` (the compute dtype).
   """
 
   block_m: int = 64
@@ -404,9 +410,13 @@ class MatmulConfig:
   method: str = "dot"
   word_loads: bool = True
   x_vector_loads: bool = True
+  decode_to: str = "int4"
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
+    if self.decode_to not in DECODE_TARGETS:
+      raise ValueError(f"MatmulConfig.decode_to must be one of {DECODE_TARGETS}, "
+                       f"got {self.decode_to!r}")
     _check_warps_stages(self)
     if self.method not in MATMUL_METHODS:
       raise ValueError(f"MatmulConfig.method must be one of {MATMUL_METHODS}, "

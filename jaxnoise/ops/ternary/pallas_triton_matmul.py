@@ -13,7 +13,9 @@ Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
   far fewer than the GPU's SMs at ``out = 4096``).
 * ``"fma"``: the same tiles without tensor cores (``+-x`` selected per code),
   for one row (decode steps).
-* ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large ``M``).
+* ``"decode"``: ``t`` decoded to a dense matrix (``MatmulConfig.decode_to``:
+  int4 nibbles by default, half a byte per weight), then an XLA GEMM that
+  converts it in its prologue (large ``M``).
 """
 
 from __future__ import annotations
@@ -217,6 +219,22 @@ def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, 
                m_mask[:, None] & group_mask[None, :])
 
 
+def _decoded_weight(packed, C: int, decode_to: str, compute_dtype, interpret: bool):
+  """``t`` for XLA's GEMM (exact in every form): int4 / int8 are converted inside the GEMM."""
+  out_features = packed.shape[0]
+  if decode_to == "compute":
+    return elementwise.ternary_decode(packed, jnp.ones((out_features,), _F32), C=C,
+                                      dtype=compute_dtype, interpret=interpret)
+  narrow = elementwise.ternary_decode_narrow(packed, C=C, bits=4 if decode_to == "int4" else 8,
+                                             interpret=interpret)
+  if decode_to == "int4":
+    # The barrier keeps the bitcast out of the GEMM fusion: XLA (jax-cuda13-pjrt 0.11.2)
+    # aborts in triton_tiling_propagation on a uint8 -> int4 bitcast fused into the GEMM's
+    # operand; an int4 operand alone is converted in the GEMM's prologue.
+    narrow = jax.lax.optimization_barrier(elementwise.int4_view(narrow))
+  return narrow.astype(compute_dtype)
+
+
 def _matmul_config(config, shape, dtype) -> MatmulConfig:
   if check_config(config, MatmulConfig) is None:
     return MatmulConfig.get_heuristics_config(shape, dtype)
@@ -236,10 +254,9 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
   config = _matmul_config(config, (m_rows, out_features, in_features), x.dtype)
   compute_dtype, precision = _dot_setup(x.dtype, x.dtype, config.allow_tf32)
   if config.method == "decode":
-    t = elementwise.ternary_decode(packed, jnp.ones((out_features,), _F32), C=C,
-                                   dtype=compute_dtype, interpret=interpret)
-    y = jax.lax.dot_general(x.astype(compute_dtype), t, _DIMS_NT, precision=precision,
-                            preferred_element_type=_F32)
+    y = jax.lax.dot_general(x.astype(compute_dtype), _decoded_weight(packed, C, config.decode_to,
+                                                                     compute_dtype, interpret),
+                            _DIMS_NT, precision=precision, preferred_element_type=_F32)
     return (y * scale.astype(_F32)[None, :]).astype(out_dtype)
   # A dot step contracts one code lane of block_units units: Triton dots need >= 16.
   min_word_groups = 4 * ref_lib.CODES_PER_WORD_GROUP if config.method == "dot" else 4
