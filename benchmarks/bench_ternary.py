@@ -461,8 +461,8 @@ def check_cases(quick: bool) -> list[tuple]:
   config = M(block_m=128, block_n=128, block_groups=32, num_warps=8)
   cases.append((f"matmul variant M={big_m} {mm_words[0]}x{mm_words[1]} bf16 {_short(config)}",
                 _check_matmul, dict(shape=(big_m,) + mm_words, dtype=bf16, config=config)))
-  for shape, dtype, target in [(mm_words, bf16, "int8"), (mm_words, bf16, "compute"),
-                               (mm_bytes, bf16, "int4"), (mm_bytes, f32, "int8")]:
+  for shape, dtype, target in [(mm_words, bf16, "int4"), (mm_bytes, bf16, "int4"),
+                               (mm_bytes, f32, "int4")]:
     config = M(method="decode", decode_to=target)
     cases.append((f"matmul variant M={big_m} {shape[0]}x{shape[1]} {jnp.dtype(dtype).name} "
                   f"{_short(config)}", _check_matmul,

@@ -3,12 +3,13 @@
     python3 benchmarks/probe_decode_narrow.py --out $OUT
 
 ``ternary_matmul``'s ``"decode"`` method decodes ``t`` for XLA's GEMM into
-int4 nibbles, int8 or the compute dtype (``MatmulConfig.decode_to``). On an
-H200 (session 9, run 3) the int4 and int8 kernels moved 2.3-2.6 TB/s at the
-elementwise heuristic's tiling (one row, 4096 codes per chunk), against 3.7
-TB/s for the bf16 one: they are not at copy bandwidth. This times each
-decode at a few tilings, at (4096, 4096) and (8192, 8192), and prints TB/s on
-bytes moved (0.75 byte read per weight; 0.5, 1 or 2 written).
+int4 nibbles or the compute dtype (``MatmulConfig.decode_to``). On an H200
+(session 9, run 3) the int4 kernel moved 2.3-2.6 TB/s at the elementwise
+heuristic's tiling (one row, 4096 codes per chunk), against 3.7 TB/s for the
+bf16 one: it is not at copy bandwidth. This times each decode at a few
+tilings, at (4096, 4096) and (8192, 8192), and prints TB/s on bytes moved
+(0.75 byte read per weight; 0.5 or 2 written). Run 4 of session 9 also timed
+an int8 decode, since removed (commit ``acc6746`` has it).
 """
 
 from __future__ import annotations
@@ -30,16 +31,14 @@ C = 5
 # (block_rows, block_groups, num_warps, num_stages); None: the heuristic.
 TILINGS = [None, (1, 1024, 8, 1), (2, 512, 4, 1), (2, 1024, 8, 1), (4, 256, 4, 1),
            (4, 512, 8, 1), (8, 128, 4, 1), (8, 256, 8, 1), (1, 512, 4, 2), (16, 64, 4, 1)]
-TARGETS = {"int4": 0.5, "int8": 1.0, "bf16": 2.0}
+TARGETS = {"int4": 0.5, "bf16": 2.0}
 
 
 def decoder(target: str, config):
   if target == "bf16":
     return lambda packed, ones: kernels.ternary_decode(packed, ones, C=C, dtype=jnp.bfloat16,
                                                        config=config)
-  bits = 4 if target == "int4" else 8
-  return lambda packed, ones: kernels.ternary_decode_narrow(packed, C=C, bits=bits,
-                                                            config=config)
+  return lambda packed, ones: kernels.ternary_decode_int4(packed, C=C, config=config)
 
 
 def main(argv=None):

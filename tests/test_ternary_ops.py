@@ -510,34 +510,29 @@ def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
 
 
 @pytest.mark.parametrize("in_features", [16 * 9, 4 * 11], ids=["words", "bytes"])
-def test_narrow_decode_is_the_ternary_value(rng, in_features):
-  """int8 and int4 nibbles (XLA's order: even column in the low nibble) of ``t``, exactly."""
+def test_int4_decode_is_the_ternary_value(rng, in_features):
+  """Nibbles in XLA's int4 order (even column in the low nibble) of ``t``, exactly."""
   # pylint: disable-next=g-import-not-at-top
   from jaxnoise.ops.ternary import pallas_triton as kernels
   out_features, C = int(rng.integers(3, 40)), int(rng.integers(1, 12))
   codes, packed, _, _ = random_state(rng, out_features, in_features, C)
   t = np.asarray(reference.ternary_of(jnp.asarray(codes, jnp.int32), C))
   config = config_lib.ElementwiseConfig(block_rows=8, block_groups=16)  # chunked rows
-  for bits in (8, 4):
-    narrow = kernels.ternary_decode_narrow(packed, C=C, bits=bits, config=config,
-                                           interpret=True)
-    if bits == 4:
-      bytes_ = np.asarray(narrow)
-      assert narrow.shape == (out_features, in_features // 2) and narrow.dtype == jnp.uint8
-      low, high = (bytes_ & 0xF).astype(np.int8), (bytes_ >> 4).astype(np.int8)
-      unpacked = np.stack([np.where(low > 7, low - 16, low), np.where(high > 7, high - 16, high)],
-                          axis=-1).reshape(out_features, in_features)
-      np.testing.assert_array_equal(unpacked, t)
-      narrow = kernels.int4_view(narrow)
-    assert narrow.shape == (out_features, in_features)
-    np.testing.assert_array_equal(np.asarray(narrow.astype(jnp.int32)), t)
-  with pytest.raises(ValueError, match="bits must be 4 or 8"):
-    kernels.ternary_decode_narrow(packed, C=C, bits=2, interpret=True)
+  nibbles = kernels.ternary_decode_int4(packed, C=C, config=config, interpret=True)
+  assert nibbles.shape == (out_features, in_features // 2) and nibbles.dtype == jnp.uint8
+  bytes_ = np.asarray(nibbles)
+  low, high = (bytes_ & 0xF).astype(np.int8), (bytes_ >> 4).astype(np.int8)
+  unpacked = np.stack([np.where(low > 7, low - 16, low), np.where(high > 7, high - 16, high)],
+                      axis=-1).reshape(out_features, in_features)
+  np.testing.assert_array_equal(unpacked, t)
+  as_int4 = kernels.int4_view(nibbles)
+  assert as_int4.shape == (out_features, in_features) and as_int4.dtype == jnp.int4
+  np.testing.assert_array_equal(np.asarray(as_int4.astype(jnp.int32)), t)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_decode_targets_give_the_same_product(rng, dtype):
-  """The decode method's int4, int8 and compute-dtype temporaries: the same GEMM, bit for bit."""
+  """The decode method's int4 and compute-dtype temporaries: the same product, bit for bit."""
   # pylint: disable-next=g-import-not-at-top
   from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
   in_features = 16 * 7 if dtype == jnp.bfloat16 else 4 * 13
@@ -548,13 +543,12 @@ def test_decode_targets_give_the_same_product(rng, dtype):
       x, packed, scale, C=C, out_dtype=jnp.float32,
       config=config_lib.MatmulConfig(method="decode", decode_to=target), interpret=True))
         for target in config_lib.DECODE_TARGETS}
-  for target in ("int4", "int8"):
-    np.testing.assert_array_equal(ys[target], ys["compute"])
+  np.testing.assert_array_equal(ys["int4"], ys["compute"])
   expected = reference.ternary_matmul_reference(x, packed, scale, C=C, out_dtype=jnp.float32)
   np.testing.assert_allclose(ys["int4"], np.asarray(expected), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("m_rows", [1, 4, 16, 256])
+@pytest.mark.parametrize("m_rows", [1, 4, 16, 64, 256])
 def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   """The heuristic's config per batch (fma, byte-unit dot, decode) runs in interpret mode."""
   # pylint: disable-next=g-import-not-at-top
@@ -564,8 +558,10 @@ def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   x = jnp.asarray(rng.normal(size=(m_rows, in_features)), jnp.bfloat16)
   config = config_lib.MatmulConfig.get_heuristics_config((m_rows, out_features, in_features),
                                                          x.dtype)
-  expected_method = {1: "fma", 4: "dot", 16: "dot", 256: "decode"}[m_rows]
+  expected_method = {1: "fma", 4: "dot", 16: "dot", 64: "decode", 256: "decode"}[m_rows]
   assert config.method == expected_method, config
+  if config.method == "decode":  # int4 nibbles below 128 rows (session 9)
+    assert config.decode_to == ("int4" if m_rows < 128 else "compute"), config
   if config.method == "dot":
     # Words, 128 groups per step (session 6: the best dot tiles at M = 4 and 16).
     assert config.word_loads and config.block_groups == 128, config
@@ -833,9 +829,7 @@ def _lowerings():
     cases.append(("unpack", kernels.unpack_codes, (packed,)))
     cases.append(("decode", functools.partial(kernels.ternary_decode, C=5, dtype=jnp.bfloat16),
                   (packed, row)))
-    for bits in (4, 8):
-      cases.append((f"decode int{bits}", functools.partial(kernels.ternary_decode_narrow, C=5,
-                                                            bits=bits), (packed,)))
+    cases.append(("decode int4", functools.partial(kernels.ternary_decode_int4, C=5), (packed,)))
     cases.append(("init", functools.partial(kernels.ternary_init, C=5),
                   (spec((out_features, in_features), jnp.float32),)))
   return cases

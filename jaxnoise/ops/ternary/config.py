@@ -361,9 +361,9 @@ class FromIOConfig:
 
 
 MATMUL_METHODS = ("dot", "fma", "decode")
-# What the "decode" method writes for XLA's GEMM: two ternary values per byte (int4),
-# one (int8), or the compute dtype. XLA converts int4 / int8 inside its GEMM.
-DECODE_TARGETS = ("int4", "int8", "compute")
+# What the "decode" method writes for XLA's GEMM: the compute dtype, or two ternary
+# values per byte (int4), which XLA converts inside its GEMM.
+DECODE_TARGETS = ("compute", "int4")
 # Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
 _GEMV_PROGRAMS = 512
 
@@ -396,8 +396,8 @@ class MatmulConfig:
       consecutive lanes and split them in registers (False: one strided load
       per lane, which kept the H200's L1 the busiest unit at one row).
     decode_to: what ``"decode"`` writes for XLA's GEMM (one of
-      :data:`DECODE_TARGETS`): ``"int4"`` (half a byte per weight, converted
-      inside the GEMM), ``"int8"`` or ``"compute"`` (the compute dtype).
+      :data:`DECODE_TARGETS`): ``"compute"`` (the compute dtype) or ``"int4"``
+      (half a byte per weight, converted inside the GEMM).
   """
 
   block_m: int = 64
@@ -410,7 +410,7 @@ class MatmulConfig:
   method: str = "dot"
   word_loads: bool = True
   x_vector_loads: bool = True
-  decode_to: str = "int4"
+  decode_to: str = "compute"
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
@@ -457,13 +457,19 @@ class MatmulConfig:
       M=256 / 1024, 30.6 / 57.5 us at 4096^2 and 99.4 / 221.6 us at 8192^2
       (0.52-0.86x of a dense bf16 matmul), 3.4-4.7x faster than the best of
       five GEMM tiles that decode in registers.
+    * Below 128 rows of 16-bit ``x`` the decode writes int4 nibbles, which
+      XLA's GEMM converts in its prologue (session 9, device time, int4 /
+      compute-dtype temporary): M=64 23.3 / 26.8 us at 4096^2 and 68.4 /
+      93.2 us at 8192^2. From M=128 on XLA's int4 GEMM is the slower one
+      (M=128 4096^2: 30.7 / 26.3 us; M=256: 44.9 / 30.7 us).
 
     Example:
       >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
       >>> config.method, config.block_n, config.split_k
       ('fma', 16, 8)
-      >>> MatmulConfig.get_heuristics_config((64, 4096, 4096), "bfloat16").method
-      'decode'
+      >>> config = MatmulConfig.get_heuristics_config((64, 4096, 4096), "bfloat16")
+      >>> config.method, config.decode_to
+      ('decode', 'int4')
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     itemsize = jnp.dtype(dtype).itemsize
@@ -475,7 +481,8 @@ class MatmulConfig:
       # faster than the dot tiles at M = 256 / 1024 (4096^2: 53-62 vs 116-125 us, 98 vs
       # 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us). Exact float32 GEMM tiles spill;
       # XLA's float32 GEMM on the decoded t is exact too.
-      return cls(method="decode")
+      return cls(method="decode",
+                 decode_to="int4" if m_rows < 128 and itemsize <= 2 else "compute")
     config = cls._dot_tiles(shape, dtype)
     if m_rows <= 16 and itemsize <= 2:
       # Session 6 runs 3-5 (device time): 32 outputs x 512 inputs (words) per program, one

@@ -325,32 +325,30 @@ def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, layout: UnitLayout, 
   _loop(_cdiv(n_units, block_units), chunk, ())
 
 
-def _decode_narrow_kernel(packed_ref, out_ref, *, C, layout: UnitLayout, n_rows, n_units,
-                          block_rows, block_units, bits: int):
-  """Codes -> ``t`` as int8 (``bits=8``) or as two int4 nibbles per byte (``bits=4``).
+def _decode_int4_kernel(packed_ref, out_ref, *, C, layout: UnitLayout, n_rows, n_units,
+                        block_rows, block_units):
+  """Codes -> ``t`` as two int4 nibbles per byte.
 
-  Nibbles: column ``2k`` in the low nibble of byte ``k``, ``2k + 1`` in the high
-  one (two's complement, so ``-1`` is ``0xF``): XLA's ``int4`` order, so the
-  bytes are an ``(out, in)`` int4 matrix after a bitcast.
+  Column ``2k`` goes to the low nibble of byte ``k`` and ``2k + 1`` to the high
+  one, in two's complement (``-1`` is ``0xF``). That is XLA's ``int4`` order,
+  so after a bitcast the bytes are an ``(out, in)`` int4 matrix.
   """
   r0 = pl.program_id(0) * block_rows
   row_mask = (r0 + _iota(block_rows)) < n_rows
-  per_unit = layout.codes
-  per_byte = 2 if bits == 4 else 1
-  width = block_units * per_unit // per_byte
+  per_byte = layout.codes // 2
+  width = block_units * per_byte
 
   def chunk(j, carry):
     u0 = j * block_units
     unit_mask = (u0 + _iota(block_units)) < n_units
     codes = load_unit_codes(packed_ref, r0, block_rows, u0, block_units,
                             row_mask[:, None] & unit_mask[None, :], layout)
-    values = [ref_lib.ternary_of(c, C) for c in codes]
-    if bits == 4:
-      values = [(low & 0xF) | ((high & 0xF) << 4) for low, high in zip(values[0::2], values[1::2])]
-    values = [v.astype(out_ref.dtype) for v in values]
-    col_mask = (u0 * (per_unit // per_byte) + _iota(width)) < n_units * (per_unit // per_byte)
-    plgpu.store(out_ref.at[pl.ds(r0, block_rows), pl.ds(u0 * (per_unit // per_byte), width)],
-                interleave(values), mask=row_mask[:, None] & col_mask[None, :])
+    t = [ref_lib.ternary_of(c, C) for c in codes]
+    nibbles = [((low & 0xF) | ((high & 0xF) << 4)).astype(out_ref.dtype)
+               for low, high in zip(t[0::2], t[1::2])]
+    col_mask = (u0 * per_byte + _iota(width)) < n_units * per_byte
+    plgpu.store(out_ref.at[pl.ds(r0, block_rows), pl.ds(u0 * per_byte, width)],
+                interleave(nibbles), mask=row_mask[:, None] & col_mask[None, :])
     return carry
 
   _loop(_cdiv(n_units, block_units), chunk, ())
@@ -445,34 +443,30 @@ def ternary_decode(packed, scale, *, C: int, dtype=jnp.float32,
   )(packed_units(packed, layout), scale)
 
 
-def ternary_decode_narrow(packed, *, C: int, bits: int,
-                          config: ElementwiseConfig | None = None, interpret: bool = False):
-  """Unscaled ``t`` of packed codes: ``(out, in)`` int8, or ``(out, in / 2)`` uint8 nibbles.
+def ternary_decode_int4(packed, *, C: int, config: ElementwiseConfig | None = None,
+                       interpret: bool = False):
+  """Unscaled ``t`` of packed codes as ``(out, in / 2)`` uint8, two int4 nibbles per byte.
 
-  ``bits=4`` packs two ternary values per byte in XLA's ``int4`` order
-  (:func:`int4_view` turns the bytes into an ``(out, in)`` int4 matrix), so a
-  GEMM that converts ``int4`` in its prologue reads 0.5 byte per weight.
+  :func:`int4_view` turns the bytes into an ``(out, in)`` int4 matrix, which
+  XLA's GEMM converts in its prologue: half a byte per weight.
   """
-  if bits not in (4, 8):
-    raise ValueError(f"bits must be 4 or 8, got {bits!r}")
   out_features, n_bytes = packed.shape
   in_features = 4 * (n_bytes // 3)
-  config = _elementwise_config(config, (out_features, in_features), jnp.int8)
+  config = _elementwise_config(config, (out_features, in_features), jnp.uint8)
   layout = unit_layout(in_features, config.block_groups >= 4)
   kernel = functools.partial(
-      _decode_narrow_kernel, C=C, layout=layout, n_rows=out_features,
+      _decode_int4_kernel, C=C, layout=layout, n_rows=out_features,
       n_units=in_features // layout.codes, block_rows=config.block_rows,
-      block_units=max(1, config.block_groups * 4 // layout.codes), bits=bits)
-  shape = (out_features, in_features // 2) if bits == 4 else (out_features, in_features)
+      block_units=max(1, config.block_groups * 4 // layout.codes))
   return _call(
-      kernel, name=f"ternary_decode_int{bits}", grid=(_cdiv(out_features, config.block_rows),),
-      out_shape=jax.ShapeDtypeStruct(shape, jnp.uint8 if bits == 4 else jnp.int8),
+      kernel, name="ternary_decode_int4", grid=(_cdiv(out_features, config.block_rows),),
+      out_shape=jax.ShapeDtypeStruct((out_features, in_features // 2), jnp.uint8),
       config=config, interpret=interpret,
   )(packed_units(packed, layout))
 
 
 def int4_view(nibbles):
-  """``(out, in / 2)`` uint8 nibbles (:func:`ternary_decode_narrow`) -> ``(out, in)`` int4."""
+  """``(out, in / 2)`` uint8 nibbles (:func:`ternary_decode_int4`) -> ``(out, in)`` int4."""
   out_features, half = nibbles.shape
   return jax.lax.bitcast_convert_type(nibbles, jnp.int4).reshape(out_features, 2 * half)
 
@@ -503,7 +497,7 @@ __all__ = [
     "split_lanes",
     "int4_view",
     "ternary_decode",
-    "ternary_decode_narrow",
+    "ternary_decode_int4",
     "ternary_init",
     "unit_layout",
     "unpack_codes",

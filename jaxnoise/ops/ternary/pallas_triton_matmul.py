@@ -13,9 +13,9 @@ Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
   far fewer than the GPU's SMs at ``out = 4096``).
 * ``"fma"``: the same tiles without tensor cores (``+-x`` selected per code),
   for one row (decode steps).
-* ``"decode"``: ``t`` decoded to a dense matrix (``MatmulConfig.decode_to``:
-  int4 nibbles by default, half a byte per weight), then an XLA GEMM that
-  converts it in its prologue (large ``M``).
+* ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large
+  ``M``). ``MatmulConfig.decode_to``: the compute dtype, or int4 nibbles (half
+  a byte per weight) that XLA's GEMM converts in its prologue.
 """
 
 from __future__ import annotations
@@ -220,19 +220,15 @@ def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, 
 
 
 def _decoded_weight(packed, C: int, decode_to: str, compute_dtype, interpret: bool):
-  """``t`` for XLA's GEMM (exact in every form): int4 / int8 are converted inside the GEMM."""
-  out_features = packed.shape[0]
+  """``t`` for XLA's GEMM (exact either way); an int4 ``t`` is converted inside the GEMM."""
   if decode_to == "compute":
-    return elementwise.ternary_decode(packed, jnp.ones((out_features,), _F32), C=C,
+    return elementwise.ternary_decode(packed, jnp.ones((packed.shape[0],), _F32), C=C,
                                       dtype=compute_dtype, interpret=interpret)
-  narrow = elementwise.ternary_decode_narrow(packed, C=C, bits=4 if decode_to == "int4" else 8,
-                                             interpret=interpret)
-  if decode_to == "int4":
-    # The barrier keeps the bitcast out of the GEMM fusion: XLA (jax-cuda13-pjrt 0.11.2)
-    # aborts in triton_tiling_propagation on a uint8 -> int4 bitcast fused into the GEMM's
-    # operand; an int4 operand alone is converted in the GEMM's prologue.
-    narrow = jax.lax.optimization_barrier(elementwise.int4_view(narrow))
-  return narrow.astype(compute_dtype)
+  nibbles = elementwise.ternary_decode_int4(packed, C=C, interpret=interpret)
+  # The barrier keeps the bitcast out of the GEMM fusion: XLA (jax-cuda13-pjrt 0.11.2)
+  # aborts in triton_tiling_propagation on a uint8 -> int4 bitcast fused into the GEMM's
+  # operand; an int4 operand alone is converted in the GEMM's prologue.
+  return jax.lax.optimization_barrier(elementwise.int4_view(nibbles)).astype(compute_dtype)
 
 
 def _matmul_config(config, shape, dtype) -> MatmulConfig:
