@@ -320,8 +320,6 @@ class EvolutionStrategy:
     maximize: larger fitness is better.
     weight_decay: coefficient of the L2 term added to the gradient.
     nonfinite: one of :data:`NONFINITE_POLICIES`.
-    check_finite: drop (and count) a generation whose updates or new
-      optimizer state are not finite; False skips the check.
     kind: noise kind.
     implementation: op implementation.
     config: hashable kernel config or None.
@@ -331,6 +329,8 @@ class EvolutionStrategy:
     seed: integer seed of the default key.
     rank: None (full rank), or the rank of the low-rank noise of the
       matrices (linear kernels of a model, 2-D leaves of a pytree).
+    check_finite: drop (and count) a generation whose updates or new
+      optimizer state are not finite; False skips the check.
   """
 
   sigma: float
@@ -341,7 +341,6 @@ class EvolutionStrategy:
   maximize: bool = True
   weight_decay: float = 0.0
   nonfinite: str = "worst"
-  check_finite: bool = True
   kind: str = noise_lib.DEFAULT_KIND
   implementation: str = "auto"
   config: Any = None
@@ -349,6 +348,7 @@ class EvolutionStrategy:
   layout: population_lib.ParameterLayout | None = None
   seed: int = 0
   rank: int | None = None
+  check_finite: bool = True
 
   # -- parameters ---------------------------------------------------------
 

@@ -490,12 +490,12 @@ def ternary_init(weight, *, C: int, config: ElementwiseConfig | None = None,
 
 __all__ = [
     "UnitLayout",
+    "int4_view",
     "interleave",
     "pack_codes",
     "packed_bytes",
     "packed_units",
     "split_lanes",
-    "int4_view",
     "ternary_decode",
     "ternary_decode_int4",
     "ternary_init",
