@@ -301,28 +301,39 @@ def _unpack_kernel(packed_ref, codes_ref, *, n_rows, n_groups, block_rows, block
   _loop(_cdiv(n_groups, block_groups), chunk, ())
 
 
-def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, layout: UnitLayout, n_rows, n_units,
-                   block_rows, block_units):
-  """Codes -> ``scale * t``; the lanes are joined in column order and stored contiguously."""
-  r0 = pl.program_id(0) * block_rows
-  row_mask = (r0 + _iota(block_rows)) < n_rows
-  scale = _load_vector(scale_ref, r0, block_rows, row_mask, 0.0).astype(_F32)[:, None]
-  per_unit = layout.codes
-  width = block_units * per_unit
+def _decode_rows(packed_ref, out_ref, values_of, *, layout: UnitLayout, r0, row_mask, n_units,
+                 block_rows, block_units, columns_per_unit: int):
+  """Store ``values_of(code lanes)`` of a row block chunk by chunk, lanes joined in column order.
+
+  ``values_of`` maps the ``L`` code lanes of a ``(block_rows, block_units)``
+  chunk to ``columns_per_unit`` lanes of output columns.
+  """
+  width = block_units * columns_per_unit
 
   def chunk(j, carry):
     u0 = j * block_units
     unit_mask = (u0 + _iota(block_units)) < n_units
     codes = load_unit_codes(packed_ref, r0, block_rows, u0, block_units,
                             row_mask[:, None] & unit_mask[None, :], layout)
-    values = [(ref_lib.ternary_of(c, C).astype(_F32) * scale).astype(weight_ref.dtype)
-              for c in codes]
-    col_mask = (u0 * per_unit + _iota(width)) < n_units * per_unit
-    plgpu.store(weight_ref.at[pl.ds(r0, block_rows), pl.ds(u0 * per_unit, width)],
-                interleave(values), mask=row_mask[:, None] & col_mask[None, :])
+    col_mask = (u0 * columns_per_unit + _iota(width)) < n_units * columns_per_unit
+    plgpu.store(out_ref.at[pl.ds(r0, block_rows), pl.ds(u0 * columns_per_unit, width)],
+                interleave(values_of(codes)), mask=row_mask[:, None] & col_mask[None, :])
     return carry
 
   _loop(_cdiv(n_units, block_units), chunk, ())
+
+
+def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, layout: UnitLayout, n_rows, n_units,
+                   block_rows, block_units):
+  """Codes -> ``scale * t``; the lanes are joined in column order and stored contiguously."""
+  r0 = pl.program_id(0) * block_rows
+  row_mask = (r0 + _iota(block_rows)) < n_rows
+  scale = _load_vector(scale_ref, r0, block_rows, row_mask, 0.0).astype(_F32)[:, None]
+  values_of = lambda codes: [(ref_lib.ternary_of(c, C).astype(_F32) * scale).astype(
+      weight_ref.dtype) for c in codes]
+  _decode_rows(packed_ref, weight_ref, values_of, layout=layout, r0=r0, row_mask=row_mask,
+               n_units=n_units, block_rows=block_rows, block_units=block_units,
+               columns_per_unit=layout.codes)
 
 
 def _decode_int4_kernel(packed_ref, out_ref, *, C, layout: UnitLayout, n_rows, n_units,
@@ -334,24 +345,16 @@ def _decode_int4_kernel(packed_ref, out_ref, *, C, layout: UnitLayout, n_rows, n
   so after a bitcast the bytes are an ``(out, in)`` int4 matrix.
   """
   r0 = pl.program_id(0) * block_rows
-  row_mask = (r0 + _iota(block_rows)) < n_rows
-  per_byte = layout.codes // 2
-  width = block_units * per_byte
 
-  def chunk(j, carry):
-    u0 = j * block_units
-    unit_mask = (u0 + _iota(block_units)) < n_units
-    codes = load_unit_codes(packed_ref, r0, block_rows, u0, block_units,
-                            row_mask[:, None] & unit_mask[None, :], layout)
+  def values_of(codes):
     t = [ref_lib.ternary_of(c, C) for c in codes]
-    nibbles = [((low & 0xF) | ((high & 0xF) << 4)).astype(out_ref.dtype)
-               for low, high in zip(t[0::2], t[1::2])]
-    col_mask = (u0 * per_byte + _iota(width)) < n_units * per_byte
-    plgpu.store(out_ref.at[pl.ds(r0, block_rows), pl.ds(u0 * per_byte, width)],
-                interleave(nibbles), mask=row_mask[:, None] & col_mask[None, :])
-    return carry
+    return [((low & 0xF) | ((high & 0xF) << 4)).astype(out_ref.dtype)
+            for low, high in zip(t[0::2], t[1::2])]
 
-  _loop(_cdiv(n_units, block_units), chunk, ())
+  _decode_rows(packed_ref, out_ref, values_of, layout=layout, r0=r0,
+               row_mask=(r0 + _iota(block_rows)) < n_rows, n_units=n_units,
+               block_rows=block_rows, block_units=block_units,
+               columns_per_unit=layout.codes // 2)
 
 
 def _init_kernel(weight_ref, packed_ref, scale_ref, *, C, n_rows, n_groups, block_rows,
