@@ -635,9 +635,9 @@ def matmul_sweep_configs(shape) -> list:
     # each; words: 16 dots of block_groups / 4) against the decode-then-XLA-GEMM default.
     out = [base] + decode_targets + [
         M(block_m=bm, block_n=bn, block_groups=g, num_warps=w, word_loads=words)
-                    for bm, bn, g, w, words in [(128, 128, 64, 8, False), (128, 128, 32, 8, False),
-                                                (64, 128, 64, 4, False), (128, 256, 32, 8, False),
-                                                (128, 128, 128, 8, True)]]
+        for bm, bn, g, w, words in [(128, 128, 64, 8, False), (128, 128, 32, 8, False),
+                                    (64, 128, 64, 4, False), (128, 256, 32, 8, False),
+                                    (128, 128, 128, 8, True)]]
   return list(dict.fromkeys(out))
 
 
