@@ -172,9 +172,7 @@ def main(argv=None):
       print(f"{name}: {row.get('busy_ms', float('nan')):.3f} ms", flush=True)
       for kernel, ms in list(row.get("kernels_ms", {}).items())[:10]:
         print(f"    {ms:.4f}  {kernel}")
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  _harness.write_json(str(out / "probe_es_step.json"),
+  _harness.write_json(str(pathlib.Path(args.out) / "probe_es_step.json"),  # makes the folder
                       {**_harness.device_facts(), "results": results})
 
 
