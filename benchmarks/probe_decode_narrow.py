@@ -44,7 +44,10 @@ def decoder(target: str, config):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="benchmarks/out")
+  parser.add_argument("--heuristic-only", action="store_true",
+                      help="only the elementwise heuristic's tiling")
   args = parser.parse_args(argv)
+  tilings = TILINGS[:1] if args.heuristic_only else TILINGS
   results = {}
   for shape in ((4096, 4096), (8192, 8192)):
     copies = 8
@@ -52,7 +55,7 @@ def main(argv=None):
                                 jnp.int32).astype(jnp.uint8) for i in range(copies)]
     ones = jnp.ones((shape[0],), jnp.float32)
     for target, written in TARGETS.items():
-      for tiling in TILINGS:
+      for tiling in tilings:
         config = None if tiling is None else ElementwiseConfig(*tiling)
         decode = decoder(target, config)
         run = jax.jit(lambda packs, ones, decode=decode: [decode(p, ones) for p in packs])

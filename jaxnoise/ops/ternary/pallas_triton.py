@@ -195,6 +195,11 @@ def load_unit_codes(packed_ref, row_start, block_rows, unit_start, block_units, 
                     layout: UnitLayout):
   """The ``L`` int32 code lanes of a ``(block_rows, block_units)`` tile of ``(out, U, 3)`` units."""
   raw = _load_lanes(packed_ref, row_start, block_rows, unit_start, block_units, 3, mask, 0)
+  return _unit_codes(raw, layout)
+
+
+def _unit_codes(raw, layout: UnitLayout):
+  """The ``L`` int32 code lanes of a unit tile's three loaded word or byte lanes."""
   if layout.words:
     return ref_lib.unpack_words(*raw)
   return list(ref_lib.unpack_group(*(b.astype(_I32) for b in raw)))
@@ -301,23 +306,23 @@ def _unpack_kernel(packed_ref, codes_ref, *, n_rows, n_groups, block_rows, block
   _loop(_cdiv(n_groups, block_groups), chunk, ())
 
 
-def _decode_rows(packed_ref, out_ref, values_of, *, layout: UnitLayout, r0, row_mask, n_units,
-                 block_rows, block_units, columns_per_unit: int):
-  """Store ``values_of(code lanes)`` of a row block chunk by chunk, lanes joined in column order.
+def _decode_rows(packed_ref, out_ref, values_of, *, r0, row_mask, n_units, block_rows,
+                 block_units, columns_per_unit: int):
+  """Store ``values_of(raw)`` of a row block chunk by chunk, lanes joined in column order.
 
-  ``values_of`` maps the ``L`` code lanes of a ``(block_rows, block_units)``
-  chunk to ``columns_per_unit`` lanes of output columns.
+  ``values_of`` maps the three loaded word or byte lanes of a ``(block_rows,
+  block_units)`` chunk to ``columns_per_unit`` lanes of output columns.
   """
   width = block_units * columns_per_unit
 
   def chunk(j, carry):
     u0 = j * block_units
     unit_mask = (u0 + _iota(block_units)) < n_units
-    codes = load_unit_codes(packed_ref, r0, block_rows, u0, block_units,
-                            row_mask[:, None] & unit_mask[None, :], layout)
+    raw = _load_lanes(packed_ref, r0, block_rows, u0, block_units, 3,
+                      row_mask[:, None] & unit_mask[None, :], 0)
     col_mask = (u0 * columns_per_unit + _iota(width)) < n_units * columns_per_unit
     plgpu.store(out_ref.at[pl.ds(r0, block_rows), pl.ds(u0 * columns_per_unit, width)],
-                interleave(values_of(codes)), mask=row_mask[:, None] & col_mask[None, :])
+                interleave(values_of(raw)), mask=row_mask[:, None] & col_mask[None, :])
     return carry
 
   _loop(_cdiv(n_units, block_units), chunk, ())
@@ -329,11 +334,10 @@ def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, layout: UnitLayout, 
   r0 = pl.program_id(0) * block_rows
   row_mask = (r0 + _iota(block_rows)) < n_rows
   scale = _load_vector(scale_ref, r0, block_rows, row_mask, 0.0).astype(_F32)[:, None]
-  values_of = lambda codes: [(ref_lib.ternary_of(c, C).astype(_F32) * scale).astype(
-      weight_ref.dtype) for c in codes]
-  _decode_rows(packed_ref, weight_ref, values_of, layout=layout, r0=r0, row_mask=row_mask,
-               n_units=n_units, block_rows=block_rows, block_units=block_units,
-               columns_per_unit=layout.codes)
+  values_of = lambda raw: [(ref_lib.ternary_of(c, C).astype(_F32) * scale).astype(
+      weight_ref.dtype) for c in _unit_codes(raw, layout)]
+  _decode_rows(packed_ref, weight_ref, values_of, r0=r0, row_mask=row_mask, n_units=n_units,
+               block_rows=block_rows, block_units=block_units, columns_per_unit=layout.codes)
 
 
 def _decode_int4_kernel(packed_ref, out_ref, *, C, layout: UnitLayout, n_rows, n_units,
@@ -342,16 +346,28 @@ def _decode_int4_kernel(packed_ref, out_ref, *, C, layout: UnitLayout, n_rows, n
 
   Column ``2k`` goes to the low nibble of byte ``k`` and ``2k + 1`` to the high
   one, in two's complement (``-1`` is ``0xF``). That is XLA's ``int4`` order,
-  so after a bitcast the bytes are an ``(out, in)`` int4 matrix.
+  so after a bitcast the bytes are an ``(out, in)`` int4 matrix. Each nibble is
+  selected from the code's buckets (``c >= lv``, ``c >= 2 lv``; on words
+  compared in place, :func:`ref_lib.word_buckets`), as :func:`ref_lib.ternary_of`
+  would give it.
   """
   r0 = pl.program_id(0) * block_rows
+  lv = ref_lib.levels(C)
 
-  def values_of(codes):
-    t = [ref_lib.ternary_of(c, C) for c in codes]
-    return [((low & 0xF) | ((high & 0xF) << 4)).astype(out_ref.dtype)
-            for low, high in zip(t[0::2], t[1::2])]
+  def nibble(buckets, shift):
+    ge_lv, ge_2lv = buckets
+    plus, zero, minus = (_I32(v << shift) for v in (1, 0, 0xF))
+    return jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
 
-  _decode_rows(packed_ref, out_ref, values_of, layout=layout, r0=r0,
+  def values_of(raw):
+    if layout.words:
+      buckets = ref_lib.word_buckets(*raw, C)
+    else:
+      buckets = [(c >= lv, c >= 2 * lv) for c in _unit_codes(raw, layout)]
+    return [(nibble(low, 0) | nibble(high, 4)).astype(out_ref.dtype)
+            for low, high in zip(buckets[0::2], buckets[1::2])]
+
+  _decode_rows(packed_ref, out_ref, values_of, r0=r0,
                row_mask=(r0 + _iota(block_rows)) < n_rows, n_units=n_units,
                block_rows=block_rows, block_units=block_units,
                columns_per_unit=layout.codes // 2)
