@@ -459,9 +459,9 @@ class MatmulConfig:
       five GEMM tiles that decode in registers.
     * Below 128 rows of 16-bit ``x`` the decode writes int4 nibbles, which
       XLA's GEMM converts in its prologue (session 9, device time, int4 /
-      compute-dtype temporary): M=64 23.3 / 26.8 us at 4096^2 and 68.4 /
-      93.2 us at 8192^2. From M=128 on XLA's int4 GEMM is the slower one
-      (M=128 4096^2: 30.7 / 26.3 us; M=256: 44.9 / 30.7 us).
+      compute-dtype temporary): M=64 22.6 / 26.8 us at 4096^2 and 65.2 /
+      93.4 us at 8192^2 (run 7). From M=128 on XLA's int4 GEMM is the slower
+      one (M=128 4096^2: 30.7 / 26.3 us; M=256: 44.9 / 30.7 us).
 
     Example:
       >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
