@@ -205,6 +205,19 @@ def _unit_codes(raw, layout: UnitLayout):
   return list(ref_lib.unpack_group(*(b.astype(_I32) for b in raw)))
 
 
+def unit_buckets(raw, layout: UnitLayout, C: int):
+  """Per code lane of a unit tile's three loaded lanes: ``(c >= lv, c >= 2 lv)``.
+
+  On words the codes are compared in place (:func:`ref_lib.word_buckets`);
+  the ternary value is ``+1`` where the second holds, ``0`` where only the
+  first does, else ``-1`` (as :func:`ref_lib.ternary_of`).
+  """
+  if layout.words:
+    return ref_lib.word_buckets(*raw, C)
+  lv = ref_lib.levels(C)
+  return [(code >= lv, code >= 2 * lv) for code in _unit_codes(raw, layout)]
+
+
 def store_unit_codes(packed_ref, row_start, block_rows, unit_start, block_units, codes, mask,
                      layout: UnitLayout):
   """Pack ``L`` int32 code lanes (values in ``[0, 64)``) and store them."""
@@ -347,12 +360,10 @@ def _decode_int4_kernel(packed_ref, out_ref, *, C, layout: UnitLayout, n_rows, n
   Column ``2k`` goes to the low nibble of byte ``k`` and ``2k + 1`` to the high
   one, in two's complement (``-1`` is ``0xF``). That is XLA's ``int4`` order,
   so after a bitcast the bytes are an ``(out, in)`` int4 matrix. Each nibble is
-  selected from the code's buckets (``c >= lv``, ``c >= 2 lv``; on words
-  compared in place, :func:`ref_lib.word_buckets`), as :func:`ref_lib.ternary_of`
-  would give it.
+  selected from the code's buckets (:func:`unit_buckets`), as
+  :func:`ref_lib.ternary_of` would give it.
   """
   r0 = pl.program_id(0) * block_rows
-  lv = ref_lib.levels(C)
 
   def nibble(buckets, shift):
     ge_lv, ge_2lv = buckets
@@ -360,10 +371,7 @@ def _decode_int4_kernel(packed_ref, out_ref, *, C, layout: UnitLayout, n_rows, n
     return jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
 
   def values_of(raw):
-    if layout.words:
-      buckets = ref_lib.word_buckets(*raw, C)
-    else:
-      buckets = [(c >= lv, c >= 2 * lv) for c in _unit_codes(raw, layout)]
+    buckets = unit_buckets(raw, layout, C)
     return [(nibble(low, 0) | nibble(high, 4)).astype(out_ref.dtype)
             for low, high in zip(buckets[0::2], buckets[1::2])]
 
@@ -441,6 +449,27 @@ def unpack_codes(packed, *, config: ElementwiseConfig | None = None, interpret: 
   return codes.reshape(shape)
 
 
+def _decode_call(kernel_fn, name: str, packed, *operands, C: int, out_dtype,
+                 columns_per_byte: int, config, interpret: bool):
+  """One row-block program per ``block_rows`` rows of a decode kernel over word or byte units.
+
+  ``columns_per_byte`` is 1 for a value per output element, 2 for nibbles;
+  ``operands`` follow the packed units (the decode's scale).
+  """
+  out_features, n_bytes = packed.shape
+  in_features = 4 * (n_bytes // 3)
+  config = _elementwise_config(config, (out_features, in_features), out_dtype)
+  layout = unit_layout(in_features, config.block_groups >= 4)
+  kernel = functools.partial(
+      kernel_fn, C=C, layout=layout, n_rows=out_features, n_units=in_features // layout.codes,
+      block_rows=config.block_rows, block_units=max(1, config.block_groups * 4 // layout.codes))
+  return _call(
+      kernel, name=name, grid=(_cdiv(out_features, config.block_rows),),
+      out_shape=jax.ShapeDtypeStruct((out_features, in_features // columns_per_byte), out_dtype),
+      config=config, interpret=interpret,
+  )(packed_units(packed, layout), *operands)
+
+
 def ternary_decode(packed, scale, *, C: int, dtype=jnp.float32,
                    config: ElementwiseConfig | None = None, interpret: bool = False):
   """Kernel of :func:`jaxnoise.ops.ternary.ternary_decode`: ``(out, in)`` weights.
@@ -448,40 +477,20 @@ def ternary_decode(packed, scale, *, C: int, dtype=jnp.float32,
   Reads word units where rows allow (``in % 16 == 0`` and ``block_groups >=
   4``) and writes each row chunk contiguously.
   """
-  out_features, n_bytes = packed.shape
-  shape = (out_features, 4 * (n_bytes // 3))
-  config = _elementwise_config(config, shape, dtype)
-  layout = unit_layout(shape[1], config.block_groups >= 4)
-  kernel = functools.partial(
-      _decode_kernel, C=C, layout=layout, n_rows=out_features,
-      n_units=shape[1] // layout.codes, block_rows=config.block_rows,
-      block_units=max(1, config.block_groups * 4 // layout.codes))
-  return _call(
-      kernel, name="ternary_decode", grid=(_cdiv(out_features, config.block_rows),),
-      out_shape=jax.ShapeDtypeStruct(shape, dtype), config=config, interpret=interpret,
-  )(packed_units(packed, layout), scale)
+  return _decode_call(_decode_kernel, "ternary_decode", packed, scale, C=C, out_dtype=dtype,
+                      columns_per_byte=1, config=config, interpret=interpret)
 
 
 def ternary_decode_int4(packed, *, C: int, config: ElementwiseConfig | None = None,
-                       interpret: bool = False):
+                        interpret: bool = False):
   """Unscaled ``t`` of packed codes as ``(out, in / 2)`` uint8, two int4 nibbles per byte.
 
   :func:`int4_view` turns the bytes into an ``(out, in)`` int4 matrix, which
   XLA's GEMM converts in its prologue: half a byte per weight.
   """
-  out_features, n_bytes = packed.shape
-  in_features = 4 * (n_bytes // 3)
-  config = _elementwise_config(config, (out_features, in_features), jnp.uint8)
-  layout = unit_layout(in_features, config.block_groups >= 4)
-  kernel = functools.partial(
-      _decode_int4_kernel, C=C, layout=layout, n_rows=out_features,
-      n_units=in_features // layout.codes, block_rows=config.block_rows,
-      block_units=max(1, config.block_groups * 4 // layout.codes))
-  return _call(
-      kernel, name="ternary_decode_int4", grid=(_cdiv(out_features, config.block_rows),),
-      out_shape=jax.ShapeDtypeStruct((out_features, in_features // 2), jnp.uint8),
-      config=config, interpret=interpret,
-  )(packed_units(packed, layout))
+  return _decode_call(_decode_int4_kernel, "ternary_decode_int4", packed, C=C,
+                      out_dtype=jnp.uint8, columns_per_byte=2, config=config,
+                      interpret=interpret)
 
 
 def int4_view(nibbles):
@@ -518,6 +527,7 @@ __all__ = [
     "ternary_decode",
     "ternary_decode_int4",
     "ternary_init",
+    "unit_buckets",
     "unit_layout",
     "unpack_codes",
 ]

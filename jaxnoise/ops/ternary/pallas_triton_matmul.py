@@ -44,6 +44,7 @@ from jaxnoise.ops.ternary.pallas_triton import (
     _store_lanes,
     packed_units,
     split_lanes,
+    unit_buckets,
     unit_layout,
 )
 
@@ -85,7 +86,6 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
   n0 = pl.program_id(1) * block_n
   split = pl.program_id(2)
   n_lanes = layout.codes
-  lv = ref_lib.levels(C)
   # Masks only along dimensions the tiles do not divide (None: every element is in range).
   m_mask = None if m_rows % block_m == 0 else (m0 + _iota(block_m)) < m_rows
   n_mask = None if n_out % block_n == 0 else (n0 + _iota(block_n)) < n_out
@@ -114,19 +114,12 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
           for j in range(n_lanes)]
     return tuple(raw), tuple(xs)
 
-  def buckets_of(raw):
-    """Per code lane: ``(c >= lv, c >= 2 lv)``."""
-    if layout.words:
-      return ref_lib.word_buckets(*raw, C)
-    codes = ref_lib.unpack_group(*(b.astype(_I32) for b in raw))
-    return [(code >= lv, code >= 2 * lv) for code in codes]
-
   if method == "dot":
     minus, zero, plus = (jnp.asarray(v, compute_dtype) for v in (-1, 0, 1))
 
     def accumulate(acc, fetched):
       raw, xs = fetched
-      for (ge_lv, ge_2lv), x in zip(buckets_of(raw), xs):
+      for (ge_lv, ge_2lv), x in zip(unit_buckets(raw, layout, C), xs):
         t = jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
         acc = acc + jax.lax.dot_general(x, t, _DIMS_NT,
                                         precision=precision, preferred_element_type=_F32)
@@ -136,7 +129,7 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
   else:
     def accumulate(acc, fetched):
       raw, xs = fetched
-      for (ge_lv, ge_2lv), x in zip(buckets_of(raw), xs):
+      for (ge_lv, ge_2lv), x in zip(unit_buckets(raw, layout, C), xs):
         x = x.astype(_F32)[:, None, :]
         acc = acc + jnp.where(ge_2lv[None], x, jnp.where(ge_lv[None], _F32(0.0), -x))
       return acc
