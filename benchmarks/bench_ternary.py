@@ -22,7 +22,8 @@ case, and prints each row as it completes):
   small-M numbers are DRAM-bound as in a model's decode step. Times are
   device busy time (CUPTI, ``_harness.device_busy``) where PyTorch with CUDA
   is installed, next to the wall-clock group medians. ``--before-matmul PATH``
-  also times a frozen copy of the kernel module at session 5's heuristics.
+  also times a frozen copy of the kernel module, at session 5's heuristics or
+  (``--before-config heuristic``) at today's.
 * ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024 and 256)
   on 4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
   then larger tiles, ``block_m`` and ``num_stages``. Each chained step reads
@@ -454,8 +455,14 @@ def check_cases(quick: bool) -> list[tuple]:
   for config in [replace(M.get_heuristics_config(shape, bf16), word_loads=True),
                  M(block_m=4, block_n=16, block_groups=16, split_k=2, method="fma"),
                  M(block_m=1, block_n=32, block_groups=32, split_k=4, method="fma",
+                   word_loads=False),
+                 M(block_m=8, block_n=16, block_groups=64, split_k=3, method="fma",
+                   x_vector_loads=False),
+                 M(block_m=4, block_n=16, block_groups=16, split_k=2, method="fma",
                    word_loads=False)]:
-    m_rows = config.block_m if config.method == "fma" else 5
+    # fma tiles of several rows, also over a ragged M (rows past M masked).
+    m_rows = {1: 1, 4: 4, 8: 11}[config.block_m] if config.method == "fma" else 5
+    m_rows = 3 if config.method == "fma" and not config.word_loads and m_rows == 4 else m_rows
     cases.append((f"matmul variant M={m_rows} {mm_words[0]}x{mm_words[1]} bf16 {_short(config)}",
                   _check_matmul, dict(shape=(m_rows,) + mm_words, dtype=bf16, config=config)))
   config = M(block_m=128, block_n=128, block_groups=32, num_warps=8)
@@ -623,10 +630,16 @@ def matmul_sweep_configs(shape) -> list:
     strided = dataclasses.replace(base, x_vector_loads=False)
     out = [base, strided] + fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
     out += dot[:2]
-  elif m_rows <= 4:
-    out = [base] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
   elif m_rows <= 16:
-    out = [base] + dot
+    # fma tiles sharing each weight's decode across the tile's rows (session 10) against
+    # the 16-row dot tiles; the M = 1 heuristic's tiles first.
+    one_row = M._fma_config(1, shape[1], shape[2])
+    rows = [dataclasses.replace(one_row, block_m=block_m)] + fma
+    rows += [dataclasses.replace(one_row, block_m=block_m, block_n=8),
+             dataclasses.replace(one_row, block_m=block_m, num_warps=8)]
+    if block_m > 4:  # rows per program, tile rows split over programs
+      rows += [dataclasses.replace(one_row, block_m=4), dataclasses.replace(one_row, block_m=2)]
+    out = [base] + rows + dot[:2]
   elif m_rows < 256:
     out = [base] + decode_targets + [c for c in M.candidates(shape, jnp.bfloat16)
                                      if c.method != base.method][:3]
@@ -680,8 +693,10 @@ def part_matmul(args, budget, out) -> None:
   per_case = {}
   for m_rows, shape in cases:
     configs = matmul_sweep_configs((m_rows,) + shape)[: (2 if args.quick else None)]
-    if args.before_matmul:  # The frozen kernels at their own heuristic, right after the new one.
-      configs.insert(1, ("before", session5_matmul_config((m_rows,) + shape)))
+    if args.before_matmul:  # The frozen kernels, right after the new heuristic.
+      before = (session5_matmul_config((m_rows,) + shape) if args.before_config == "session5"
+                else configs[0])
+      configs.insert(1, ("before", before))
     per_case[(m_rows, shape)] = ["bf16_matmul"] + configs
   for (m_rows, shape), config in _ranked(per_case):
     tag = f"M={m_rows} {shape[0]}x{shape[1]}"
@@ -970,6 +985,9 @@ def main(argv=None):
   parser.add_argument("--before-matmul", default=None,
                       help="matmul part: also time the packed-matmul module at this path "
                            "(a frozen copy of the kernels) at its heuristic")
+  parser.add_argument("--before-config", choices=("session5", "heuristic"), default="session5",
+                      help="matmul part: the config --before-matmul's kernels run at (session "
+                           "5's heuristic, or today's)")
   parser.add_argument("--before-update", default=None,
                       help="update part: also time the counter-update module at this path "
                            "(a frozen copy of the kernels) at its heuristic")
