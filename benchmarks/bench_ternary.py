@@ -455,14 +455,8 @@ def check_cases(quick: bool) -> list[tuple]:
   for config in [replace(M.get_heuristics_config(shape, bf16), word_loads=True),
                  M(block_m=4, block_n=16, block_groups=16, split_k=2, method="fma"),
                  M(block_m=1, block_n=32, block_groups=32, split_k=4, method="fma",
-                   word_loads=False),
-                 M(block_m=8, block_n=16, block_groups=64, split_k=3, method="fma",
-                   x_vector_loads=False),
-                 M(block_m=4, block_n=16, block_groups=16, split_k=2, method="fma",
                    word_loads=False)]:
-    # fma tiles of several rows, also over a ragged M (rows past M masked).
-    m_rows = {1: 1, 4: 4, 8: 11}[config.block_m] if config.method == "fma" else 5
-    m_rows = 3 if config.method == "fma" and not config.word_loads and m_rows == 4 else m_rows
+    m_rows = config.block_m if config.method == "fma" else 5
     cases.append((f"matmul variant M={m_rows} {mm_words[0]}x{mm_words[1]} bf16 {_short(config)}",
                   _check_matmul, dict(shape=(m_rows,) + mm_words, dtype=bf16, config=config)))
   config = M(block_m=128, block_n=128, block_groups=32, num_warps=8)
@@ -630,16 +624,10 @@ def matmul_sweep_configs(shape) -> list:
     strided = dataclasses.replace(base, x_vector_loads=False)
     out = [base, strided] + fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
     out += dot[:2]
+  elif m_rows <= 4:
+    out = [base] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
   elif m_rows <= 16:
-    # fma tiles sharing each weight's decode across the tile's rows (session 10) against
-    # the 16-row dot tiles; the M = 1 heuristic's tiles first.
-    one_row = M._fma_config(1, shape[1], shape[2])
-    rows = [dataclasses.replace(one_row, block_m=block_m)] + fma
-    rows += [dataclasses.replace(one_row, block_m=block_m, block_n=8),
-             dataclasses.replace(one_row, block_m=block_m, num_warps=8)]
-    if block_m > 4:  # rows per program, tile rows split over programs
-      rows += [dataclasses.replace(one_row, block_m=4), dataclasses.replace(one_row, block_m=2)]
-    out = [base] + rows + dot[:2]
+    out = [base] + dot
   elif m_rows < 256:
     out = [base] + decode_targets + [c for c in M.candidates(shape, jnp.bfloat16)
                                      if c.method != base.method][:3]

@@ -1,9 +1,10 @@
 #!/bin/bash
-# Session 10 (one H200): the packed matmul's fma tiles with several rows of x sharing each
-# weight's decode (t in float32 once, one multiply-add per row) at M = 2-16, against the
-# 16-row dot tiles and a dense bf16 matmul; M = 1 against a frozen copy of session 9's
-# kernels at today's heuristic (.s10/before_matmul.py, ignored by git). The compiled matmul
-# checks first.
+# Ran at commit bcc376f; its multi-row fma kernel was dropped after, so check that commit
+# out to run it again. Session 10 (one H200): the packed matmul's fma tiles with several
+# rows of x sharing each weight's decode (t in float32 once, one multiply-add per row) at
+# M = 2-16, against the 16-row dot tiles and a dense bf16 matmul; M = 1 against a frozen
+# copy of session 9's kernels at today's heuristic (BEFORE, default before_matmul.py, run
+# from a copy of the tree in .s10/, ignored by git). The compiled matmul checks first.
 set -u
 OUT=${OUT:-benchmarks/out}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.

@@ -93,38 +93,26 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
   first_unit = split * (steps_per_split * block_units)
 
   def fetch(i):
-    """Step ``i``'s three packed lanes ``(block_n, block_units)`` and the lanes of ``x``.
-
-    ``"dot"``: ``L`` lanes ``(block_m, block_units)``; ``"fma"``: per row of
-    the tile, ``L`` lanes ``(1, block_units)`` (rows past ``M`` read row
-    ``M - 1``; their sums are not stored).
-    """
+    """Step ``i``'s three packed lanes ``(block_n, block_units)`` and ``L`` lanes of ``x``."""
     u0 = first_unit + i * block_units
     unit_mask = None if units_even else (u0 + _iota(block_units)) < n_units
     raw = _load_lanes(packed_ref, n0, block_n, u0, block_units, 3,
                       _outer_and(n_mask, unit_mask, (block_n, block_units)), 0)
+    x_mask = _outer_and(m_mask, unit_mask, (block_m, block_units))
     if method == "dot":  # (M, L, units): lane j is a contiguous row of units.
-      x_mask = _outer_and(m_mask, unit_mask, (block_m, block_units))
-      xs = [plgpu.load(x_ref.at[pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units)],
-                       mask=x_mask, other=None if x_mask is None else 0)
-            for j in range(n_lanes)]
+      index = lambda j: (pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units))
+    elif x_vector > 1:  # (M, units, L): x_vector consecutive lanes per load, split in registers.
+      xs = []
+      for first in range(0, n_lanes, x_vector):
+        window = x_ref.at[pl.ds(m0, block_m), pl.ds(u0, block_units), pl.ds(first, x_vector)]
+        xs.extend(split_lanes(plgpu.load(window) if x_mask is None else
+                              plgpu.load(window, mask=x_mask[:, :, None], other=0)))
       return tuple(raw), tuple(xs)
-    x_mask = None if unit_mask is None else unit_mask[None, :]
-    rows = []
-    for r in range(block_m):  # (M, units, L): each row's lanes
-      row = m0 + r if m_mask is None else jnp.minimum(m0 + r, m_rows - 1)
-      if x_vector > 1:  # x_vector consecutive lanes per 16-byte load, split in registers
-        lanes = []
-        for first in range(0, n_lanes, x_vector):
-          window = x_ref.at[pl.ds(row, 1), pl.ds(u0, block_units), pl.ds(first, x_vector)]
-          lanes.extend(split_lanes(plgpu.load(window) if x_mask is None else
-                                   plgpu.load(window, mask=x_mask[:, :, None], other=0)))
-      else:  # lane j is every L-th element of x's row
-        lanes = [plgpu.load(x_ref.at[pl.ds(row, 1), pl.ds(u0, block_units), _I32(j)],
-                            mask=x_mask, other=None if x_mask is None else 0)
-                 for j in range(n_lanes)]
-      rows.append(tuple(lanes))
-    return tuple(raw), tuple(rows)
+    else:  # (M, units, L): lane j is every L-th element of x's row.
+      index = lambda j: (pl.ds(m0, block_m), pl.ds(u0, block_units), _I32(j))
+    xs = [plgpu.load(x_ref.at[index(j)], mask=x_mask, other=None if x_mask is None else 0)
+          for j in range(n_lanes)]
+    return tuple(raw), tuple(xs)
 
   if method == "dot":
     minus, zero, plus = (jnp.asarray(v, compute_dtype) for v in (-1, 0, 1))
@@ -138,33 +126,20 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
       return acc
 
     acc = jnp.zeros((block_m, block_n), _F32)
-    acc = _loop(steps_per_split, lambda i, acc: accumulate(acc, fetch(i)), acc)
-    _store_tile(y_ref, scale_ref, acc, m0=m0, n0=n0, split=split, m_mask=m_mask, n_mask=n_mask,
-                partial_sums=partial_sums)
-    return
+  else:
+    def accumulate(acc, fetched):
+      raw, xs = fetched
+      for (ge_lv, ge_2lv), x in zip(unit_buckets(raw, layout, C), xs):
+        x = x.astype(_F32)[:, None, :]
+        acc = acc + jnp.where(ge_2lv[None], x, jnp.where(ge_lv[None], _F32(0.0), -x))
+      return acc
 
-  def accumulate_rows(accs, fetched):
-    # t in float32 once per weight, then one multiply-add per row: the decode is shared by
-    # the tile's rows (exact: t is -1, 0 or +1, so each product is +-x or 0).
-    raw, rows = fetched
-    accs = list(accs)
-    for j, (ge_lv, ge_2lv) in enumerate(unit_buckets(raw, layout, C)):
-      t = jnp.where(ge_2lv, _F32(1.0), jnp.where(ge_lv, _F32(0.0), _F32(-1.0)))
-      for r, lanes in enumerate(rows):
-        accs[r] = accs[r] + lanes[j].astype(_F32) * t
-    return tuple(accs)
+    acc = jnp.zeros((block_m, block_n, block_units), _F32)
 
-  accs = (jnp.zeros((block_n, block_units), _F32),) * block_m
-  accs = _loop(steps_per_split, lambda i, accs: accumulate_rows(accs, fetch(i)), accs)
-  for r, acc in enumerate(accs):
-    row_mask = None if m_mask is None else jnp.broadcast_to(m0 + r < m_rows, (1,))
-    _store_tile(y_ref, scale_ref, jnp.sum(acc, axis=1)[None, :], m0=m0 + r, n0=n0, split=split,
-                m_mask=row_mask, n_mask=n_mask, partial_sums=partial_sums)
+  acc = _loop(steps_per_split, lambda i, acc: accumulate(acc, fetch(i)), acc)
+  if method != "dot":
+    acc = jnp.sum(acc, axis=2)
 
-
-def _store_tile(y_ref, scale_ref, acc, *, m0, n0, split, m_mask, n_mask, partial_sums):
-  """Stores a float32 ``(rows, block_n)`` tile at ``(m0, n0)``: a partial sum, or scaled."""
-  block_m, block_n = acc.shape
   mask = _outer_and(m_mask, n_mask, (block_m, block_n))
   if partial_sums:
     plgpu.store(y_ref.at[split, pl.ds(m0, block_m), pl.ds(n0, block_n)], acc, mask=mask)
