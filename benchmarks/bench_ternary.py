@@ -434,7 +434,8 @@ def check_cases(quick: bool) -> list[tuple]:
     cases.append((f"from_io {kind} M={shape[0]} {shape[1]}x{shape[2]} {jnp.dtype(dtype).name}",
                   _check_from_io, dict(shape=shape, dtype=dtype, lagged=lagged, config=None)))
   for m_rows, (out_features, in_features), dtype in [
-      (1, mm_words, bf16), (5, mm_words, bf16), (big_m, mm_words, bf16), (33, mm_words, bf16),
+      (1, mm_words, bf16), (2, mm_words, bf16), (3, mm_words, bf16), (5, mm_words, bf16),
+      (big_m, mm_words, bf16), (33, mm_words, bf16),
       (1, mm_bytes, f32), (3, mm_bytes, f32), (20, mm_bytes, f32)]:
     shape = (m_rows, out_features, in_features)
     config = M.get_heuristics_config(shape, dtype)
@@ -452,11 +453,14 @@ def check_cases(quick: bool) -> list[tuple]:
     cases.append((f"counter_update variant {chunks[0]}x{chunks[1]} f32 {_short(config)}",
                   _check_update, dict(shape=chunks, dtype=f32, lagged=False, config=config)))
   shape = (5,) + mm_words
-  for config in [replace(M.get_heuristics_config(shape, bf16), word_loads=True),
-                 M(block_m=4, block_n=16, block_groups=16, split_k=2, method="fma"),
-                 M(block_m=1, block_n=32, block_groups=32, split_k=4, method="fma",
-                   word_loads=False)]:
-    m_rows = config.block_m if config.method == "fma" else 5
+  # fma tiles of one and of several rows, the last two over a ragged M (rows past it masked).
+  for m_rows, config in [
+      (5, replace(M.get_heuristics_config(shape, bf16), word_loads=True)),
+      (4, M(block_m=4, block_n=16, block_groups=16, split_k=2, method="fma")),
+      (1, M(block_m=1, block_n=32, block_groups=32, split_k=4, method="fma", word_loads=False)),
+      (11, M(block_m=8, block_n=16, block_groups=64, split_k=3, method="fma",
+             x_vector_loads=False)),
+      (3, M(block_m=4, block_n=16, block_groups=16, split_k=2, method="fma", word_loads=False))]:
     cases.append((f"matmul variant M={m_rows} {mm_words[0]}x{mm_words[1]} bf16 {_short(config)}",
                   _check_matmul, dict(shape=(m_rows,) + mm_words, dtype=bf16, config=config)))
   config = M(block_m=128, block_n=128, block_groups=32, num_warps=8)
@@ -625,7 +629,12 @@ def matmul_sweep_configs(shape) -> list:
     out = [base, strided] + fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
     out += dot[:2]
   elif m_rows <= 4:
-    out = [base] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
+    # Sessions 6-9's heuristic for 2-16 rows (16-row dot tiles, one 512-input step per
+    # program), then the other dot tiles and the fma grid (rows sharing each weight's decode).
+    steps = max(1, -(-max(1, shape[2] // 4) // 128))
+    dot16 = M(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
+              split_k=steps)
+    out = [base, dot16] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
   elif m_rows <= 16:
     out = [base] + dot
   elif m_rows < 256:

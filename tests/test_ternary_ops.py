@@ -552,7 +552,36 @@ def test_decode_targets_give_the_same_product(rng, dtype):
   np.testing.assert_allclose(ys["int4"], np.asarray(expected), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("m_rows", [1, 4, 16, 64, 256])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("m_rows,block_m,in_features", [(5, 4, 16 * 9), (3, 2, 4 * 11),
+                                                        (2, 2, 16 * 5)])
+def test_fma_tiles_of_several_rows_give_the_one_row_bits(rng, dtype, m_rows, block_m,
+                                                          in_features):
+  """Rows sharing each weight's decode (``t * x`` per row) give the one-row tiles' sums.
+
+  The products are exact either way; the tiles' float32 sums may associate
+  differently, so the two agree to float32 rounding.
+  Ragged ``M`` (rows past it masked), word and byte units, ``in`` split or not,
+  ``x`` in vectors and strided.
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  out_features, C = int(rng.integers(5, 40)) | 1, int(rng.integers(1, 12))
+  _, packed, scale, _ = random_state(rng, out_features, in_features, C)
+  x = cast(rng.normal(size=(m_rows, in_features)), dtype)
+  config = config_lib.MatmulConfig
+  expected = reference.ternary_matmul_reference(x, packed, scale, C=C, out_dtype=jnp.float32)
+  for split_k, vector in [(1, True), (3, False)]:
+    tiles = dict(block_n=8, block_groups=8, split_k=split_k, method="fma",
+                 x_vector_loads=vector)
+    ys = [np.asarray(matmul_kernels.ternary_matmul(
+        x, packed, scale, C=C, out_dtype=jnp.float32, config=config(block_m=rows, **tiles),
+        interpret=True)) for rows in (block_m, 1)]
+    np.testing.assert_allclose(ys[0], ys[1], rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(ys[0], np.asarray(expected), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m_rows", [1, 2, 3, 4, 16, 64, 256])
 def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   """The heuristic's config per batch (fma, byte-unit dot, decode) runs in interpret mode."""
   # pylint: disable-next=g-import-not-at-top
@@ -562,8 +591,11 @@ def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   x = jnp.asarray(rng.normal(size=(m_rows, in_features)), jnp.bfloat16)
   config = config_lib.MatmulConfig.get_heuristics_config((m_rows, out_features, in_features),
                                                          x.dtype)
-  expected_method = {1: "fma", 4: "dot", 16: "dot", 64: "decode", 256: "decode"}[m_rows]
+  expected_method = {1: "fma", 2: "fma", 3: "fma", 4: "dot", 16: "dot", 64: "decode",
+                     256: "decode"}[m_rows]
   assert config.method == expected_method, config
+  # fma: every row in one program (each weight read once).
+  assert config.method != "fma" or config.block_m >= m_rows, config
   if config.method == "decode":  # int4 nibbles below 128 rows (session 9)
     assert config.decode_to == ("int4" if m_rows < 128 else "compute"), config
   if config.method == "dot":

@@ -385,7 +385,7 @@ class MatmulConfig:
     split_k: programs along ``in`` (each reduces a slab; XLA adds the float32
       partial tiles). More programs for small ``M``.
     method: ``"dot"`` (tensor-core tiles), ``"fma"`` (CUDA-core tiles, for one
-      or two rows of ``x``) or ``"decode"`` (decode ``t`` densely, then an XLA
+      to three rows of ``x``) or ``"decode"`` (decode ``t`` densely, then an XLA
       GEMM: a temporary ``out x in`` matrix, for large ``M``). The input
       gradient always runs the dot tiles (with the heuristic tiles unless
       ``method="dot"``).
@@ -447,7 +447,9 @@ class MatmulConfig:
 
     * ``M = 1``: CUDA-core ``"fma"`` tiles of 16 output units, 512 inputs per
       step, ``in`` split 8 ways (:meth:`_fma_config`).
-    * ``2 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
+    * ``M = 2, 3`` (16-bit ``x``): fma tiles of all rows, 8 output units, 2048
+      inputs per step (:meth:`_fma_rows_config`).
+    * ``4 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
       codes read as words, one 512-input step per program.
     * ``16 < M < 64``, and float32 ``x`` up to ``M = 16``: GEMM tiles, split
       along ``in`` (not measured).
@@ -476,6 +478,8 @@ class MatmulConfig:
     if m_rows == 1:
       # The float32 products are the same for any x dtype (x is cast in registers).
       return cls._fma_config(m_rows, out_features, in_features)
+    if m_rows <= 3 and itemsize <= 2:
+      return cls._fma_rows_config(m_rows, out_features, in_features)
     if m_rows >= 64 or (m_rows > 16 and itemsize >= 4):
       # decode + XLA GEMM: M=64 4096^2 48.8 vs 53.6 us (dot tiles, split 4); 2.0-3.6x
       # faster than the dot tiles at M = 256 / 1024 (4096^2: 53-62 vs 116-125 us, 98 vs
@@ -510,6 +514,31 @@ class MatmulConfig:
     steps = max(1, -(-max(1, in_features // 4) // block_groups))
     return cls(block_m=next_power_of_2(m_rows), block_n=16, block_groups=block_groups,
                num_warps=4, num_stages=3, split_k=min(steps, 8), method="fma")
+
+  @classmethod
+  def _fma_rows_config(cls, m_rows: int, out_features: int, in_features: int
+                       ) -> "MatmulConfig":
+    """CUDA-core tiles of all ``M`` rows: 8 outputs x 2048 inputs per step.
+
+    The rows share each weight's decode (``t`` once, a multiply-add per
+    row). ``in`` is split only while ``out / 8`` gives fewer than ~512
+    programs. Session 10 (device time; run 1 the sweep, run 2 the merged
+    code), at 4096^2 / 8192^2 against the 16-row dot tiles and a dense bf16
+    matmul:
+
+    * M = 2: 11.9 / 37.7 us, the best of 8 fma configs, against 17.1 / 43.5
+      and 11.2 / 35.6 us;
+    * M = 3 (tiles of 4 rows): 13.6 / 43.3 us against 16.8 / 43.7 and
+      11.3 / 35.6 us;
+    * M = 4: 15.9-16.0 / 49.4-49.5 us against 17.3 / 43.7-44.0 us, so the dot
+      tiles stay from 4 rows on.
+    """
+    block_n, block_groups = 8, 512
+    n_blocks = -(-out_features // block_n)
+    steps = max(1, -(-max(1, in_features // 4) // block_groups))
+    split = min(steps, next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
+    return cls(block_m=next_power_of_2(m_rows), block_n=block_n, block_groups=block_groups,
+               num_warps=4, num_stages=3, split_k=split, method="fma")
 
   @classmethod
   def _dot_tiles(cls, shape: Sequence[int], dtype: Any) -> "MatmulConfig":
@@ -569,11 +598,14 @@ class MatmulConfig:
       fma = cls._fma_config(m_rows, out_features, in_features)
       dot = base if base.method == "dot" else replace(cls._dot_tiles(shape, dtype),
                                                       word_loads=False)
-      if m_rows <= 4:
-        # Keep the fma products at ~8192 floats per program (block_m x 32 x 4 * block_groups).
-        fma = replace(fma, block_groups=max(4, 64 // fma.block_m))
+      if m_rows == 1:
+        fma = replace(fma, block_groups=64)
         out += [fma, replace(fma, block_n=16), replace(fma, split_k=fma.split_k * 2),
                 replace(fma, split_k=max(1, fma.split_k // 2))]
+      elif m_rows <= 4:  # the rows sharing each weight's decode (session 10)
+        rows = cls._fma_rows_config(m_rows, out_features, in_features)
+        out += [rows, replace(rows, block_n=4, num_warps=2), replace(rows, block_groups=256),
+                replace(rows, split_k=rows.split_k * 2)]
       out += [dot, replace(dot, block_groups=32, split_k=dot.split_k * 2),
               replace(dot, split_k=max(1, dot.split_k // 2)),
               replace(dot, split_k=dot.split_k * 2), replace(dot, word_loads=True)]

@@ -11,8 +11,9 @@ Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
   partial tiles: for decode-sized ``M`` (GEMV) the grid then has enough
   programs to stream the weights with every SM (``out / block_n`` alone is
   far fewer than the GPU's SMs at ``out = 4096``).
-* ``"fma"``: the same tiles without tensor cores (``+-x`` selected per code),
-  for one row (decode steps).
+* ``"fma"``: the same tiles without tensor cores, for one to three rows
+  (decode steps): ``+-x`` selected per code for one row; for several, ``t``
+  once per weight and a multiply-add per row, so the rows share the decode.
 * ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large
   ``M``). ``MatmulConfig.decode_to``: the compute dtype, or int4 nibbles (half
   a byte per weight) that XLA's GEMM converts in its prologue.
@@ -79,8 +80,11 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
   * ``method="dot"``: ``t`` of each lane selected in the compute dtype
     (exact), one ``dot_general`` per lane and step (tensor cores; float32
     accumulation);
-  * ``method="fma"``: ``+-x`` or 0 selected per code and summed in float32
-    (no tensor cores: for a few rows, where a dot pads to 16).
+  * ``method="fma"`` (no tensor cores: for a few rows, where a dot pads to
+    16): with one row, ``+-x`` or 0 selected per code and summed in float32;
+    with several, ``t`` in float32 once per weight and one multiply-add per
+    row (each row's lanes loaded as ``(1, block_units)``, its own
+    ``(block_n, block_units)`` accumulator), so the decode is shared.
   """
   m0 = pl.program_id(0) * block_m
   n0 = pl.program_id(1) * block_n
@@ -98,21 +102,59 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
     unit_mask = None if units_even else (u0 + _iota(block_units)) < n_units
     raw = _load_lanes(packed_ref, n0, block_n, u0, block_units, 3,
                       _outer_and(n_mask, unit_mask, (block_n, block_units)), 0)
+    if method == "fma":
+      return tuple(raw), fetch_x_rows(u0, unit_mask)
+    # (M, L, units): lane j is a contiguous row of units.
     x_mask = _outer_and(m_mask, unit_mask, (block_m, block_units))
-    if method == "dot":  # (M, L, units): lane j is a contiguous row of units.
-      index = lambda j: (pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units))
-    elif x_vector > 1:  # (M, units, L): x_vector consecutive lanes per load, split in registers.
-      xs = []
-      for first in range(0, n_lanes, x_vector):
-        window = x_ref.at[pl.ds(m0, block_m), pl.ds(u0, block_units), pl.ds(first, x_vector)]
-        xs.extend(split_lanes(plgpu.load(window) if x_mask is None else
-                              plgpu.load(window, mask=x_mask[:, :, None], other=0)))
-      return tuple(raw), tuple(xs)
-    else:  # (M, units, L): lane j is every L-th element of x's row.
-      index = lambda j: (pl.ds(m0, block_m), pl.ds(u0, block_units), _I32(j))
-    xs = [plgpu.load(x_ref.at[index(j)], mask=x_mask, other=None if x_mask is None else 0)
+    xs = [plgpu.load(x_ref.at[pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units)],
+                     mask=x_mask, other=None if x_mask is None else 0)
           for j in range(n_lanes)]
     return tuple(raw), tuple(xs)
+
+  def fetch_x_rows(u0, unit_mask):
+    """Per row of the tile, its ``L`` lanes of ``x`` (``(M, units, L)``) as ``(1, block_units)``.
+
+    ``x_vector`` consecutive lanes per (16-byte) load, split in registers, or
+    (``x_vector=1``) lane ``j`` strided, every ``L``-th element of the row.
+    Rows past ``M`` read row ``M - 1`` (their sums are not stored).
+    """
+    x_mask = None if unit_mask is None else unit_mask[None, :]
+    rows = []
+    for r in range(block_m):
+      row = m0 + r if r else m0
+      row = row if m_mask is None else jnp.minimum(row, m_rows - 1)
+      if x_vector > 1:
+        lanes = []
+        for first in range(0, n_lanes, x_vector):
+          window = x_ref.at[pl.ds(row, 1), pl.ds(u0, block_units), pl.ds(first, x_vector)]
+          lanes.extend(split_lanes(plgpu.load(window) if x_mask is None else
+                                   plgpu.load(window, mask=x_mask[:, :, None], other=0)))
+      else:
+        lanes = [plgpu.load(x_ref.at[pl.ds(row, 1), pl.ds(u0, block_units), _I32(j)],
+                            mask=x_mask, other=None if x_mask is None else 0)
+                 for j in range(n_lanes)]
+      rows.append(tuple(lanes))
+    return tuple(rows)
+
+  if method == "fma" and block_m > 1:
+    def accumulate_rows(accs, fetched):
+      # Exact: t is -1, 0 or +1, so each product is +-x or 0, summed in the same order as
+      # the one-row selects.
+      raw, rows = fetched
+      accs = list(accs)
+      for j, (ge_lv, ge_2lv) in enumerate(unit_buckets(raw, layout, C)):
+        t = jnp.where(ge_2lv, _F32(1.0), jnp.where(ge_lv, _F32(0.0), _F32(-1.0)))
+        for r, lanes in enumerate(rows):
+          accs[r] = accs[r] + lanes[j].astype(_F32) * t
+      return tuple(accs)
+
+    accs = (jnp.zeros((block_n, block_units), _F32),) * block_m
+    accs = _loop(steps_per_split, lambda i, accs: accumulate_rows(accs, fetch(i)), accs)
+    for r, acc in enumerate(accs):
+      row_mask = None if m_mask is None else jnp.broadcast_to(m0 + r < m_rows, (1,))
+      _store_tile(y_ref, scale_ref, jnp.sum(acc, axis=1)[None, :], m0=m0 + r, n0=n0,
+                  split=split, m_mask=row_mask, n_mask=n_mask, partial_sums=partial_sums)
+    return
 
   if method == "dot":
     minus, zero, plus = (jnp.asarray(v, compute_dtype) for v in (-1, 0, 1))
@@ -127,8 +169,8 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
 
     acc = jnp.zeros((block_m, block_n), _F32)
   else:
-    def accumulate(acc, fetched):
-      raw, xs = fetched
+    def accumulate(acc, fetched):  # one row
+      raw, (xs,) = fetched
       for (ge_lv, ge_2lv), x in zip(unit_buckets(raw, layout, C), xs):
         x = x.astype(_F32)[:, None, :]
         acc = acc + jnp.where(ge_2lv[None], x, jnp.where(ge_lv[None], _F32(0.0), -x))
@@ -140,6 +182,13 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
   if method != "dot":
     acc = jnp.sum(acc, axis=2)
 
+  _store_tile(y_ref, scale_ref, acc, m0=m0, n0=n0, split=split, m_mask=m_mask, n_mask=n_mask,
+              partial_sums=partial_sums)
+
+
+def _store_tile(y_ref, scale_ref, acc, *, m0, n0, split, m_mask, n_mask, partial_sums):
+  """Stores a float32 ``(rows, block_n)`` tile at ``(m0, n0)``: a partial sum, or scaled."""
+  block_m, block_n = acc.shape
   mask = _outer_and(m_mask, n_mask, (block_m, block_n))
   if partial_sums:
     plgpu.store(y_ref.at[split, pl.ds(m0, block_m), pl.ds(n0, block_n)], acc, mask=mask)
