@@ -138,8 +138,8 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
 
   if method == "fma" and block_m > 1:
     def accumulate_rows(accs, fetched):
-      # Exact: t is -1, 0 or +1, so each product is +-x or 0, summed in the same order as
-      # the one-row selects.
+      # Exact products (t is -1, 0 or +1: +-x or 0, as the one-row selects); only the
+      # float32 sums may associate differently from one-row tiles.
       raw, rows = fetched
       accs = list(accs)
       for j, (ge_lv, ge_2lv) in enumerate(unit_buckets(raw, layout, C)):
