@@ -555,8 +555,8 @@ def test_decode_targets_give_the_same_product(rng, dtype):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("m_rows,block_m,in_features", [(5, 4, 16 * 9), (3, 2, 4 * 11),
                                                         (2, 2, 16 * 5)])
-def test_fma_tiles_of_several_rows_give_the_one_row_bits(rng, dtype, m_rows, block_m,
-                                                          in_features):
+def test_fma_tiles_of_several_rows_agree_with_one_row_tiles(rng, dtype, m_rows, block_m,
+                                                              in_features):
   """Rows sharing each weight's decode (``t * x`` per row) give the one-row tiles' sums.
 
   The products are exact either way; the tiles' float32 sums may associate
