@@ -1,6 +1,6 @@
 #!/bin/bash
-# Session 10 (one H200): the packed matmul with the fma tiles of several rows for M = 2
-# (the heuristic) and in the sweep at M = 3-4. The compiled matmul checks, the matmul
+# Session 10 (one H200), run 2: the packed matmul with the fma tiles of several rows for
+# M = 2 (the heuristic then; M = 3 joined it after this run) and in the sweep at M = 3-4. The compiled matmul checks, the matmul
 # kernel tests compiled (pytest, KERNEL_IMPLS includes "pallas" on a GPU), then the
 # sweep at M = 1-4 against a dense bf16 matmul and sessions 6-9's 16-row dot heuristic.
 set -u
