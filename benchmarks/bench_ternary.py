@@ -572,13 +572,13 @@ def _describe_time(row, copy_bps=None) -> str:
   if "device_s" in row:
     text += f" ({row['device_s'] * 1e6:7.1f} us device)"
   if "device_speedup_vs_bf16" in row:
-    text += f"  {row['device_speedup_vs_bf16']:.2f}x of bf16 (device)"
+    text += f"  {row['device_speedup_vs_bf16']:.2f}x of dense (device)"
   if "fraction_of_copy" in row:
     text += f"  {100 * row['fraction_of_copy']:5.1f}% of copy"
   if "device_fraction_of_copy" in row:
     text += f" ({100 * row['device_fraction_of_copy']:5.1f}% device)"
   if "speedup_vs_bf16" in row:
-    text += f"  {row['speedup_vs_bf16']:.2f}x of bf16 matmul"
+    text += f"  {row['speedup_vs_bf16']:.2f}x of dense matmul"
   if "time_vs_gemm_plus_update" in row:
     text += f"  x{row['time_vs_gemm_plus_update']:.2f} of GEMM+update"
   if "device_vs_gemm_plus_update" in row:
@@ -605,11 +605,11 @@ def session5_matmul_config(shape):
   return M(block_m=16, block_n=64, block_groups=64, split_k=8, word_loads=False)
 
 
-def matmul_sweep_configs(shape) -> list:
+def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   """The heuristic, then the fma grid and the dot tiles, most likely first."""
   m_rows = shape[0]
   M = config_lib.MatmulConfig
-  base = M.get_heuristics_config(shape, jnp.bfloat16)
+  base = M.get_heuristics_config(shape, dtype)
   block_m = config_lib.next_power_of_2(m_rows)
   # (block_n, block_groups, split_k, num_warps) around session 6's best fma tiles; split 1
   # needs no XLA sum of partial tiles after the kernel.
@@ -624,6 +624,9 @@ def matmul_sweep_configs(shape) -> list:
   decode_targets = [dataclasses.replace(base, decode_to=target)
                     for target in config_lib.DECODE_TARGETS
                     if base.method == "decode" and target != base.decode_to]
+  if jnp.dtype(dtype).itemsize >= 4 and 1 < m_rows <= 16:
+    # float32 x (session 10): the heuristic against fma tiles of all rows.
+    return list(dict.fromkeys([base] + [fma[i] for i in (2, 4, 0)]))
   if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
     strided = dataclasses.replace(base, x_vector_loads=False)
     out = [base, strided] + fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
@@ -653,6 +656,8 @@ def matmul_sweep_configs(shape) -> list:
 
 def part_matmul(args, budget, out) -> None:
   interpret = args.quick
+  x_dtype = jnp.dtype(args.x_dtype)
+  dense_name = "bf16_matmul" if x_dtype == jnp.bfloat16 else "f32_matmul"
   shapes = [(48, 16 * 5)] if args.quick else [(4096, 4096), (8192, 8192)]
   if args.batches:
     batches, extra = tuple(int(m) for m in args.batches.split(",")), []
@@ -668,9 +673,11 @@ def part_matmul(args, budget, out) -> None:
                    1 if args.quick else args.inner)
     weights[shape] = [make_state(jax.random.key(10 + i), *shape)[:2] for i in range(n_copies)]
   rows = out["cases"] = {}
+  # "speedup_vs_bf16" in the rows: against this dense matmul (weights in x's dtype).
+  out["dense"] = dense_name
 
   def measure(m_rows, shape, call, operands, y_ref=None):
-    xs = [jax.random.normal(jax.random.key(100 + i), (m_rows, shape[1]), jnp.bfloat16)
+    xs = [jax.random.normal(jax.random.key(100 + i), (m_rows, shape[1]), x_dtype)
           for i in range(args.inner)]
     jitted = jax.jit(lambda xs, ws: [call(x, *ws[i % len(ws)]) for i, x in enumerate(xs)])
     row = {}
@@ -689,33 +696,33 @@ def part_matmul(args, budget, out) -> None:
   bf16_seconds, y_refs = {}, {}
   per_case = {}
   for m_rows, shape in cases:
-    configs = matmul_sweep_configs((m_rows,) + shape)[: (2 if args.quick else None)]
+    configs = matmul_sweep_configs((m_rows,) + shape, x_dtype)[: (2 if args.quick else None)]
     if args.before_matmul:  # The frozen kernels, right after the new heuristic.
       before = (session5_matmul_config((m_rows,) + shape) if args.before_config == "session5"
                 else configs[0])
       configs.insert(1, ("before", before))
-    per_case[(m_rows, shape)] = ["bf16_matmul"] + configs
+    per_case[(m_rows, shape)] = [dense_name] + configs
   for (m_rows, shape), config in _ranked(per_case):
     tag = f"M={m_rows} {shape[0]}x{shape[1]}"
     name = f"{tag} {_case_label(config)}"
     if not budget.allows(name):
       continue
     packs = weights[shape]
-    if config == "bf16_matmul":
-      dense = [(reference.ternary_decode_reference(p, s, C, jnp.bfloat16),) for p, s in packs]
+    if config == dense_name:
+      dense = [(reference.ternary_decode_reference(p, s, C, x_dtype),) for p, s in packs]
       row = _guard(measure, m_rows, shape, lambda x, w: jnp.dot(
-          x, w.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16), dense)
+          x, w.T, preferred_element_type=jnp.float32).astype(x_dtype), dense)
       del dense
       bf16_seconds[(m_rows, shape)] = row if "seconds" in row else None
     else:
       if (m_rows, shape) not in y_refs:
-        x0 = jax.random.normal(jax.random.key(100), (m_rows, shape[1]), jnp.bfloat16)
+        x0 = jax.random.normal(jax.random.key(100), (m_rows, shape[1]), x_dtype)
         y_refs[(m_rows, shape)] = reference.ternary_matmul_reference(
             x0, *packs[0], C=C, out_dtype=jnp.float32)
       kernels, kernel_config = matmul_kernels, config
       if isinstance(config, tuple):  # ("before", config): the frozen kernels of --before-matmul.
         kernels, kernel_config = _harness.frozen_module(args.before_matmul), config[1]
-      call = functools.partial(kernels.ternary_matmul, C=C, out_dtype=jnp.bfloat16,
+      call = functools.partial(kernels.ternary_matmul, C=C, out_dtype=x_dtype,
                                config=kernel_config, interpret=interpret)
       row = _guard(measure, m_rows, shape, call, packs, y_refs[(m_rows, shape)])
       row["config"] = _case_label(config)
@@ -982,6 +989,9 @@ def main(argv=None):
   parser.add_argument("--before-matmul", default=None,
                       help="matmul part: also time the packed-matmul module at this path "
                            "(a frozen copy of the kernels) at its heuristic")
+  parser.add_argument("--x-dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                      help="matmul part: x's dtype; the dense matmul it is timed against has "
+                           "weights of that dtype too")
   parser.add_argument("--before-config", choices=("session5", "heuristic"), default="session5",
                       help="matmul part: the config --before-matmul's kernels run at (session "
                            "5's heuristic, or today's)")
