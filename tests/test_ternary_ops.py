@@ -581,6 +581,18 @@ def test_fma_tiles_of_several_rows_agree_with_one_row_tiles(rng, dtype, m_rows, 
     np.testing.assert_allclose(ys[0], np.asarray(expected), rtol=1e-5, atol=1e-4)
 
 
+def test_matmul_heuristic_methods_per_batch_and_dtype():
+  """fma tiles for 1-3 rows of 16-bit ``x`` and 1-16 of float32, every row in one program."""
+  for dtype, fma_rows, decode_from in [(jnp.bfloat16, 3, 64), (jnp.float16, 3, 64),
+                                       (jnp.float32, 16, 17)]:
+    for m_rows in range(1, 70):
+      config = config_lib.MatmulConfig.get_heuristics_config((m_rows, 4096, 4096), dtype)
+      expected = ("fma" if m_rows <= fma_rows else "decode" if m_rows >= decode_from
+                  else "dot")
+      assert config.method == expected, (dtype, m_rows, config)
+      assert config.method != "fma" or config.block_m >= m_rows, (dtype, m_rows, config)
+
+
 @pytest.mark.parametrize("m_rows", [1, 2, 3, 4, 16, 64, 256])
 def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   """The heuristic's config per batch (fma, byte-unit dot, decode) runs in interpret mode."""

@@ -447,12 +447,13 @@ class MatmulConfig:
 
     * ``M = 1``: CUDA-core ``"fma"`` tiles of 16 output units, 512 inputs per
       step, ``in`` split 8 ways (:meth:`_fma_config`).
-    * ``M = 2, 3`` (16-bit ``x``): fma tiles of all rows, 8 output units, 2048
-      inputs per step (:meth:`_fma_rows_config`).
+    * ``M = 2, 3`` (16-bit ``x``) and ``2 <= M <= 16`` (float32 ``x``): fma
+      tiles of all rows, 8 output units, 2048 inputs per step
+      (:meth:`_fma_rows_config`).
     * ``4 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
       codes read as words, one 512-input step per program.
-    * ``16 < M < 64``, and float32 ``x`` up to ``M = 16``: GEMM tiles, split
-      along ``in`` (not measured).
+    * ``16 < M < 64`` (16-bit ``x``): GEMM tiles, split along ``in`` (not
+      measured).
     * ``M >= 64`` (or float32 ``x`` beyond ``M = 16``): ``"decode"`` (Pallas
       decode to a dense temporary at copy bandwidth, then XLA's GEMM). Device
       time, session 6: 28.4 us at M=64 4096^2 vs 35.1 us for dot tiles; at
@@ -478,7 +479,7 @@ class MatmulConfig:
     if m_rows == 1:
       # The float32 products are the same for any x dtype (x is cast in registers).
       return cls._fma_config(m_rows, out_features, in_features)
-    if m_rows <= 3 and itemsize <= 2:
+    if (m_rows <= 3 and itemsize <= 2) or (m_rows <= 16 and itemsize >= 4):
       return cls._fma_rows_config(m_rows, out_features, in_features)
     if m_rows >= 64 or (m_rows > 16 and itemsize >= 4):
       # decode + XLA GEMM: M=64 4096^2 48.8 vs 53.6 us (dot tiles, split 4); 2.0-3.6x
@@ -531,7 +532,12 @@ class MatmulConfig:
     * M = 3 (tiles of 4 rows): 13.6 / 43.3 us against 16.8 / 43.7 and
       11.3 / 35.6 us;
     * M = 4: 15.9-16.0 / 49.4-49.5 us against 17.3 / 43.7-44.0 us, so the dot
-      tiles stay from 4 rows on.
+      tiles stay from 4 rows on for 16-bit ``x``.
+
+    float32 ``x`` (run 4): the dot tiles (exact float32 products, no tensor
+    cores) took 161-163 / 635-636 us at every M from 2 to 16; these tiles take
+    12.9 / 44.5 us at M = 2, 18.0 / 61.3 at 4, 37.6 / 120.2 at 8 and 66.5 /
+    201.1 at 16 (a dense float32 matmul: 19.7-21.8 / 65.7-68.8 us).
     """
     block_n, block_groups = 8, 512
     n_blocks = -(-out_features // block_n)
@@ -602,7 +608,7 @@ class MatmulConfig:
         fma = replace(fma, block_groups=64)
         out += [fma, replace(fma, block_n=16), replace(fma, split_k=fma.split_k * 2),
                 replace(fma, split_k=max(1, fma.split_k // 2))]
-      elif m_rows <= 4:  # the rows sharing each weight's decode (session 10)
+      elif m_rows <= 4 or base.method == "fma":  # rows sharing each weight's decode
         rows = cls._fma_rows_config(m_rows, out_features, in_features)
         out += [rows, replace(rows, block_n=4, num_warps=2), replace(rows, block_groups=256),
                 replace(rows, split_k=rows.split_k * 2)]
