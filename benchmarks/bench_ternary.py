@@ -625,7 +625,8 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
                     for target in config_lib.DECODE_TARGETS
                     if base.method == "decode" and target != base.decode_to]
   if jnp.dtype(dtype).itemsize >= 4 and 1 < m_rows <= 16:
-    # float32 x (session 10): the heuristic against fma tiles of all rows.
+    # float32 x (session 10): the heuristic against fma tiles of all rows (8 x 2048 unsplit,
+    # 4 x 1024 split 4 on 2 warps, 8 x 1024 split 4).
     return list(dict.fromkeys([base] + [fma[i] for i in (2, 4, 0)]))
   if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
     strided = dataclasses.replace(base, x_vector_loads=False)

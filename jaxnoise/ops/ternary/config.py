@@ -368,6 +368,13 @@ DECODE_TARGETS = ("compute", "int4")
 _GEMV_PROGRAMS = 512
 
 
+def _gemv_split_k(out_features: int, in_features: int, block_n: int, block_groups: int) -> int:
+  """``split_k`` for decode-sized ``M``: ~:data:`_GEMV_PROGRAMS` programs, at most one per step."""
+  steps = max(1, -(-max(1, in_features // 4) // block_groups))
+  n_blocks = -(-out_features // block_n)
+  return min(steps, next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
+
+
 @dataclasses.dataclass(frozen=True)
 class MatmulConfig:
   """Tiling of the packed ternary matmul and its input gradient.
@@ -540,11 +547,9 @@ class MatmulConfig:
     201.1 at 16 (a dense float32 matmul: 19.7-21.8 / 65.7-68.8 us).
     """
     block_n, block_groups = 8, 512
-    n_blocks = -(-out_features // block_n)
-    steps = max(1, -(-max(1, in_features // 4) // block_groups))
-    split = min(steps, next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
     return cls(block_m=next_power_of_2(m_rows), block_n=block_n, block_groups=block_groups,
-               num_warps=4, num_stages=3, split_k=split, method="fma")
+               num_warps=4, num_stages=3, method="fma",
+               split_k=_gemv_split_k(out_features, in_features, block_n, block_groups))
 
   @classmethod
   def _dot_tiles(cls, shape: Sequence[int], dtype: Any) -> "MatmulConfig":
@@ -563,10 +568,8 @@ class MatmulConfig:
       # float32 products are exact FMA tiles (no TF32): 32 outputs x 64 inputs per
       # step (16 per code lane, the least a dot contracts).
       block_n, groups = (64, 64) if itemsize <= 2 else (32, 16)
-      n_blocks = -(-out_features // block_n)
-      split = min(steps_of(groups), next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
       return cls(block_m=16, block_n=block_n, block_groups=groups, num_warps=4, num_stages=3,
-                 split_k=split)
+                 split_k=_gemv_split_k(out_features, in_features, block_n, groups))
     if itemsize >= 4:
       return cls()
     if m_rows <= 64:
