@@ -23,7 +23,11 @@ case, and prints each row as it completes):
   device busy time (CUPTI, ``_harness.device_busy``) where PyTorch with CUDA
   is installed, next to the wall-clock group medians. ``--before-matmul PATH``
   also times a frozen copy of the kernel module, at session 5's heuristics or
-  (``--before-config heuristic``) at today's.
+  (``--before-config heuristic``) at today's; ``--before-config session10``
+  times today's kernels at session 10's configs (float32 ``x`` as exact
+  float32 dots, no bfloat16 pieces). ``--op input_grad`` times
+  ``ternary_matmul_input_grad`` (``grad_y @ W``: the dense baseline is
+  ``g @ w``) over its heuristic, split and decode neighbours.
 * ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024 and 256)
   on 4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
   then larger tiles, ``block_m`` and ``num_stages``. Each chained step reads
@@ -373,17 +377,17 @@ def _check_matmul(shape, dtype, config, interpret):
   return row
 
 
-def _check_input_grad(shape, dtype, interpret):
+def _check_input_grad(shape, dtype, interpret, config=None):
   m_rows, out_features, in_features = shape
   packed, scale, _ = make_state(jax.random.key(7), out_features, in_features)
   grad_y = jax.random.normal(jax.random.key(8), (m_rows, out_features), dtype)
   expected = jax.jit(functools.partial(reference.ternary_matmul_input_grad_reference, C=C))(
       grad_y, packed, scale)
   actual = jax.jit(functools.partial(matmul_kernels.ternary_matmul_input_grad, C=C,
-                                     out_dtype=jnp.float32, interpret=interpret))(
-                                         grad_y, packed, scale)
+                                     out_dtype=jnp.float32, config=config,
+                                     interpret=interpret))(grad_y, packed, scale)
   row = relative_error(actual, expected)
-  row["ok"] = row["relative"] < (1e-4 if dtype == jnp.float32 else 2e-2)
+  row["ok"] = row["relative"] < (1e-5 if dtype == jnp.float32 else 2e-2)
   return row
 
 
@@ -436,16 +440,24 @@ def check_cases(quick: bool) -> list[tuple]:
   for m_rows, (out_features, in_features), dtype in [
       (1, mm_words, bf16), (2, mm_words, bf16), (3, mm_words, bf16), (5, mm_words, bf16),
       (big_m, mm_words, bf16), (33, mm_words, bf16),
-      (1, mm_bytes, f32), (3, mm_bytes, f32), (20, mm_bytes, f32)]:
+      (1, mm_bytes, f32), (3, mm_bytes, f32), (5, mm_words, f32), (20, mm_bytes, f32),
+      (big_m, mm_words, f32)]:
     shape = (m_rows, out_features, in_features)
     config = M.get_heuristics_config(shape, dtype)
     cases.append((f"matmul heuristic M={m_rows} {out_features}x{in_features} "
                   f"{jnp.dtype(dtype).name} {config.method}", _check_matmul,
                   dict(shape=shape, dtype=dtype, config=config)))
-  for m_rows, dtype in [(1, bf16), (big_m, bf16), (3, f32)]:
+  for m_rows, dtype, config in [
+      (1, bf16, None), (big_m, bf16, None), (3, f32, None), (20, f32, None), (big_m, f32, None),
+      (5, f32, M(block_m=16, block_n=16, block_groups=16, split_k=3, split_float32=False)),
+      (5, bf16, M(block_m=16, block_n=128, block_groups=64, split_k=2)),
+      (big_m, bf16, M(block_m=64, block_n=64, block_groups=32)),
+      (big_m, f32, M(method="decode", decode_to="int4"))]:
     shape = (m_rows,) + mm_words
+    label = "heuristic" if config is None else _short(config)
     cases.append((f"matmul input grad M={m_rows} {mm_words[0]}x{mm_words[1]} "
-                  f"{jnp.dtype(dtype).name}", _check_input_grad, dict(shape=shape, dtype=dtype)))
+                  f"{jnp.dtype(dtype).name} {label}", _check_input_grad,
+                  dict(shape=shape, dtype=dtype, config=config)))
   base = U.get_heuristics_config(chunks, f32)
   for config in [replace(base, word_loads=not base.word_loads),
                  replace(base, vector_loads=False),
@@ -605,6 +617,40 @@ def session5_matmul_config(shape):
   return M(block_m=16, block_n=64, block_groups=64, split_k=8, word_loads=False)
 
 
+def session10_matmul_config(shape, dtype, op="forward"):
+  """Session 10's config, run by today's kernels (``--before-config session10``).
+
+  Forward: float32 ``x`` at 4-16 rows took fma tiles of all rows, and beyond
+  16 rows the decode method with a float32 temporary and a float32 GEMM.
+  Input gradient (``shape = (M, in, out)``): the dot tiles over all of
+  ``out`` in one program (no split) at every ``M``. Both without
+  ``split_float32``.
+  """
+  M = config_lib.MatmulConfig
+  m_rows, out_features, in_features = shape
+  itemsize = jnp.dtype(dtype).itemsize
+  if op == "input_grad":
+    return dataclasses.replace(M._dot_tiles(shape, dtype), split_k=1,  # pylint: disable=protected-access
+                               split_float32=False)
+  if itemsize >= 4 and 4 <= m_rows <= 16:
+    return M._fma_rows_config(m_rows, out_features, in_features)  # pylint: disable=protected-access
+  if itemsize >= 4 and m_rows > 16:
+    return M(method="decode", split_float32=False)
+  return M.get_heuristics_config(shape, dtype)
+
+
+def input_grad_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
+  """The input gradient's heuristic for ``(M, in, out)``, then decode and split dot tiles."""
+  replace = dataclasses.replace
+  M = config_lib.MatmulConfig
+  base = M.get_input_grad_heuristics_config(shape, dtype)
+  dot = M._input_grad_dot_tiles(shape)  # pylint: disable=protected-access
+  out = [base] + [M(method="decode", decode_to=target) for target in config_lib.DECODE_TARGETS]
+  out += [dot, replace(dot, split_k=2 * dot.split_k), replace(dot, split_k=max(1, dot.split_k // 2)),
+          replace(dot, block_groups=32)]
+  return list(dict.fromkeys(out))
+
+
 def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   """The heuristic, then the fma grid and the dot tiles, most likely first."""
   m_rows = shape[0]
@@ -625,9 +671,12 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
                     for target in config_lib.DECODE_TARGETS
                     if base.method == "decode" and target != base.decode_to]
   if jnp.dtype(dtype).itemsize >= 4 and 1 < m_rows <= 16:
-    # float32 x (session 10): the heuristic against fma tiles of all rows (8 x 2048 unsplit,
-    # 4 x 1024 split 4 on 2 warps, 8 x 1024 split 4).
-    return list(dict.fromkeys([base] + [fma[i] for i in (2, 4, 0)]))
+    # float32 x: the heuristic against fma tiles of all rows (session 10's heuristic), the
+    # decode method (its GEMM on bfloat16 pieces, session 11) and the dot tiles that split x
+    # in registers.
+    return list(dict.fromkeys([base, M._fma_rows_config(*shape),  # pylint: disable=protected-access
+                               M(method="decode", decode_to="int4"), M(method="decode"),
+                               M._dot_tiles(shape, dtype)]))  # pylint: disable=protected-access
   if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
     strided = dataclasses.replace(base, x_vector_loads=False)
     out = [base, strided] + fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
@@ -658,7 +707,9 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
 def part_matmul(args, budget, out) -> None:
   interpret = args.quick
   x_dtype = jnp.dtype(args.x_dtype)
-  dense_name = "bf16_matmul" if x_dtype == jnp.bfloat16 else "f32_matmul"
+  forward = args.op == "forward"
+  dense_name = ("bf16_matmul" if x_dtype == jnp.bfloat16 else "f32_matmul") + (
+      "" if forward else "_input_grad")
   shapes = [(48, 16 * 5)] if args.quick else [(4096, 4096), (8192, 8192)]
   if args.batches:
     batches, extra = tuple(int(m) for m in args.batches.split(",")), []
@@ -676,9 +727,12 @@ def part_matmul(args, budget, out) -> None:
   rows = out["cases"] = {}
   # "speedup_vs_bf16" in the rows: against this dense matmul (weights in x's dtype).
   out["dense"] = dense_name
+  out["op"] = args.op
+  # The operand's width: x (M, in) forward, grad_y (M, out) for the input gradient.
+  width = lambda shape: shape[1] if forward else shape[0]
 
   def measure(m_rows, shape, call, operands, y_ref=None):
-    xs = [jax.random.normal(jax.random.key(100 + i), (m_rows, shape[1]), x_dtype)
+    xs = [jax.random.normal(jax.random.key(100 + i), (m_rows, width(shape)), x_dtype)
           for i in range(args.inner)]
     jitted = jax.jit(lambda xs, ws: [call(x, *ws[i % len(ws)]) for i, x in enumerate(xs)])
     row = {}
@@ -697,8 +751,17 @@ def part_matmul(args, budget, out) -> None:
   bf16_seconds, y_refs = {}, {}
   per_case = {}
   for m_rows, shape in cases:
-    configs = matmul_sweep_configs((m_rows,) + shape, x_dtype)[: (2 if args.quick else None)]
-    if args.before_matmul:  # The frozen kernels, right after the new heuristic.
+    if forward:
+      configs = matmul_sweep_configs((m_rows,) + shape, x_dtype)
+    else:  # (M, in, out)
+      configs = input_grad_sweep_configs((m_rows, shape[1], shape[0]), x_dtype)
+    configs = configs[: (2 if args.quick else None)]
+    if args.before_config == "session10":  # Today's kernels at session 10's configs.
+      before = session10_matmul_config((m_rows,) + (shape if forward else shape[::-1]), x_dtype,
+                                       args.op)
+      if before != configs[0]:
+        configs.insert(1, ("before", before))
+    elif args.before_matmul:  # The frozen kernels, right after the new heuristic.
       before = (session5_matmul_config((m_rows,) + shape) if args.before_config == "session5"
                 else configs[0])
       configs.insert(1, ("before", before))
@@ -712,19 +775,23 @@ def part_matmul(args, budget, out) -> None:
     if config == dense_name:
       dense = [(reference.ternary_decode_reference(p, s, C, x_dtype),) for p, s in packs]
       row = _guard(measure, m_rows, shape, lambda x, w: jnp.dot(
-          x, w.T, preferred_element_type=jnp.float32).astype(x_dtype), dense)
+          x, w.T if forward else w, preferred_element_type=jnp.float32).astype(x_dtype), dense)
       del dense
       bf16_seconds[(m_rows, shape)] = row if "seconds" in row else None
     else:
       if (m_rows, shape) not in y_refs:
-        x0 = jax.random.normal(jax.random.key(100), (m_rows, shape[1]), x_dtype)
-        y_refs[(m_rows, shape)] = reference.ternary_matmul_reference(
-            x0, *packs[0], C=C, out_dtype=jnp.float32)
+        x0 = jax.random.normal(jax.random.key(100), (m_rows, width(shape)), x_dtype)
+        ref_fn = (reference.ternary_matmul_reference if forward
+                  else reference.ternary_matmul_input_grad_reference)
+        y_refs[(m_rows, shape)] = ref_fn(x0, *packs[0], C=C, out_dtype=jnp.float32)
       kernels, kernel_config = matmul_kernels, config
-      if isinstance(config, tuple):  # ("before", config): the frozen kernels of --before-matmul.
-        kernels, kernel_config = _harness.frozen_module(args.before_matmul), config[1]
-      call = functools.partial(kernels.ternary_matmul, C=C, out_dtype=x_dtype,
-                               config=kernel_config, interpret=interpret)
+      if isinstance(config, tuple):  # ("before", config)
+        kernel_config = config[1]
+        if args.before_matmul:  # the frozen kernels of --before-matmul
+          kernels = _harness.frozen_module(args.before_matmul)
+      call = functools.partial(
+          kernels.ternary_matmul if forward else kernels.ternary_matmul_input_grad, C=C,
+          out_dtype=x_dtype, config=kernel_config, interpret=interpret)
       row = _guard(measure, m_rows, shape, call, packs, y_refs[(m_rows, shape)])
       row["config"] = _case_label(config)
       base = bf16_seconds.get((m_rows, shape))
@@ -993,9 +1060,13 @@ def main(argv=None):
   parser.add_argument("--x-dtype", choices=("bfloat16", "float32"), default="bfloat16",
                       help="matmul part: x's dtype; the dense matmul it is timed against has "
                            "weights of that dtype too")
-  parser.add_argument("--before-config", choices=("session5", "heuristic"), default="session5",
+  parser.add_argument("--before-config", choices=("session5", "heuristic", "session10"),
+                      default="session5",
                       help="matmul part: the config --before-matmul's kernels run at (session "
-                           "5's heuristic, or today's)")
+                           "5's heuristic, or today's); session10: today's kernels at session "
+                           "10's configs (no --before-matmul needed)")
+  parser.add_argument("--op", choices=("forward", "input_grad"), default="forward",
+                      help="matmul part: the forward or the input gradient")
   parser.add_argument("--before-update", default=None,
                       help="update part: also time the counter-update module at this path "
                            "(a frozen copy of the kernels) at its heuristic")

@@ -7,6 +7,7 @@ reference. The ``gpu`` tests compile the same kernels on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -552,6 +553,101 @@ def test_decode_targets_give_the_same_product(rng, dtype):
   np.testing.assert_allclose(ys["int4"], np.asarray(expected), rtol=1e-5, atol=1e-4)
 
 
+def test_bf16_pieces_sum_to_the_float32_value_exactly(rng):
+  """Three bfloat16 pieces add up to ``x`` bit for bit from ``|x| = 2**-103`` up.
+
+  ``hi`` alone is not ``x`` (a one-piece split fails), the largest float32
+  does not overflow ``hi``, and infinities and NaN come back as themselves.
+  Smaller values may lose subnormal pieces (flushed): less than ``2**-125``.
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops.ternary.pallas_triton_matmul import bf16_pieces
+  n = 4096
+  x = (rng.choice([-1.0, 1.0], n) * rng.uniform(1.0, 2.0, n)
+       * 2.0 ** rng.integers(-103, 127, n)).astype(np.float32)
+  finfo = np.finfo(np.float32)
+  x[:7] = [np.inf, -np.inf, np.nan, finfo.max, -finfo.max, -0.0, 2.0 ** -103]
+  pieces = [np.asarray(piece.astype(jnp.float32)) for piece in bf16_pieces(jnp.asarray(x))]
+  assert all(piece.dtype == jnp.bfloat16 for piece in bf16_pieces(jnp.asarray(x[:3])))
+  np.testing.assert_array_equal(pieces[0] + pieces[1] + pieces[2], x)
+  assert np.isfinite(pieces[0][3:5]).all() and (pieces[1][:2] == 0).all()
+  assert np.mean(pieces[0][7:] != x[7:]) > 0.9 and np.mean(pieces[1][7:] != 0) > 0.9
+  tiny = (rng.uniform(1.0, 2.0, n) * 2.0 ** rng.integers(-126, -103, n)).astype(np.float32)
+  total = sum(np.asarray(piece.astype(jnp.float32)) for piece in bf16_pieces(jnp.asarray(tiny)))
+  np.testing.assert_allclose(total, tiny, rtol=0, atol=2.0 ** -125)
+
+
+def _pieces_cases():
+  config = config_lib.MatmulConfig
+  return [config(block_m=16, block_n=16, block_groups=16, split_k=2),
+          config(method="decode"), config(method="decode", decode_to="int4")]
+
+
+@pytest.mark.parametrize("op", ["forward", "input_grad"])
+def test_float32_pieces_match_float32_dots(rng, op):
+  """float32 operands as bfloat16 pieces give the float32 dots' result to float32 rounding.
+
+  Dot tiles (pieces split in the kernel) and decode (pieces stacked for one
+  XLA GEMM, both temporaries); operands spread over six decades, so one
+  bfloat16 piece (2**-9 relative per product) is far outside the tolerance;
+  inf and NaN land where the float32 reference has them.
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  out_features, in_features, m_rows = 23, 16 * 5, 5
+  C = int(rng.integers(1, 12))
+  _, packed, scale, _ = random_state(rng, out_features, in_features, C)
+  width = in_features if op == "forward" else out_features
+  x = (rng.normal(size=(m_rows, width)) * 10.0 ** rng.uniform(-3, 3, (m_rows, width)))
+  x = x.astype(np.float32)
+  x[1, 3], x[2, 5] = np.inf, np.nan
+  if op == "forward":
+    kernel, reference_fn = matmul_kernels.ternary_matmul, reference.ternary_matmul_reference
+  else:
+    kernel = matmul_kernels.ternary_matmul_input_grad
+    reference_fn = reference.ternary_matmul_input_grad_reference
+  expected = np.asarray(reference_fn(jnp.asarray(x), packed, scale, C=C, out_dtype=jnp.float32))
+  finite = np.isfinite(expected)
+  assert finite[[0, 3, 4]].all() and not finite[1:3].all()
+  atol = 1e-6 * np.abs(expected[finite]).max()
+  for config in _pieces_cases():
+    for split_float32 in (True, False):
+      got = np.asarray(kernel(jnp.asarray(x), packed, scale, C=C, out_dtype=jnp.float32,
+                              config=dataclasses.replace(config, split_float32=split_float32),
+                              interpret=True))
+      np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+      np.testing.assert_array_equal(np.where(np.isinf(got), got, 0),
+                                    np.where(np.isinf(expected), expected, 0))
+      np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_input_grad_split_along_out_matches_one_slab(rng, dtype):
+  """``out`` cut into slabs (float32 partial tiles summed by XLA): one slab's result.
+
+  Ragged ``out`` (the last step masked), more slabs than steps (clamped),
+  ragged rows and groups.
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  out_features, in_features, m_rows = int(rng.integers(40, 90)) | 1, 4 * 21, 3
+  C = int(rng.integers(1, 12))
+  _, packed, scale, _ = random_state(rng, out_features, in_features, C)
+  grad_y = cast(rng.normal(size=(m_rows, out_features)), dtype)
+  base = config_lib.MatmulConfig(block_m=16, block_n=16, block_groups=16, num_warps=2)
+  grads = [np.asarray(matmul_kernels.ternary_matmul_input_grad(
+      grad_y, packed, scale, C=C, out_dtype=jnp.float32,
+      config=dataclasses.replace(base, split_k=split_k), interpret=True))
+           for split_k in (1, 2, 3, 64)]
+  for grad in grads[1:]:
+    np.testing.assert_allclose(grad, grads[0], rtol=1e-6, atol=1e-6 * np.abs(grads[0]).max())
+  expected = np.asarray(reference.ternary_matmul_input_grad_reference(grad_y, packed, scale,
+                                                                     C=C))
+  # 16-bit grad_y * scale is rounded to its dtype before the dot (~2**-8 relative).
+  atol = (1e-5 if dtype == jnp.float32 else 1e-2) * np.abs(expected).max()
+  np.testing.assert_allclose(grads[0], expected, rtol=0, atol=atol)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("m_rows,block_m,in_features", [(5, 4, 16 * 9), (3, 2, 4 * 11),
                                                         (2, 2, 16 * 5)])
@@ -582,15 +678,37 @@ def test_fma_tiles_of_several_rows_agree_with_one_row_tiles(rng, dtype, m_rows, 
 
 
 def test_matmul_heuristic_methods_per_batch_and_dtype():
-  """fma tiles for 1-3 rows of 16-bit ``x`` and 1-16 of float32, every row in one program."""
+  """fma tiles for 1-3 rows (every row in one program), then dot tiles, then decode."""
   for dtype, fma_rows, decode_from in [(jnp.bfloat16, 3, 64), (jnp.float16, 3, 64),
-                                       (jnp.float32, 16, 17)]:
-    for m_rows in range(1, 70):
+                                       (jnp.float32, 3, 4)]:
+    for m_rows in list(range(1, 70)) + [127, 128, 300]:
       config = config_lib.MatmulConfig.get_heuristics_config((m_rows, 4096, 4096), dtype)
       expected = ("fma" if m_rows <= fma_rows else "decode" if m_rows >= decode_from
                   else "dot")
       assert config.method == expected, (dtype, m_rows, config)
       assert config.method != "fma" or config.block_m >= m_rows, (dtype, m_rows, config)
+      # int4 nibbles while XLA's GEMM has < 128 rows (float32: three bfloat16 pieces per row).
+      gemm_rows = m_rows * (3 if dtype == jnp.float32 else 1)
+      assert config.method != "decode" or config.decode_to == (
+          "int4" if gemm_rows < 128 else "compute"), (dtype, m_rows, config)
+
+
+def test_input_grad_heuristic_methods_per_batch_and_dtype():
+  """Dot tiles with ``out`` split for one 16-bit row (~256 programs), decode beyond."""
+  for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+    for m_rows in list(range(1, 70)) + [127, 128, 300]:
+      for in_features, out_features in [(4096, 4096), (8192, 1024), (1024, 8192)]:
+        config = config_lib.MatmulConfig.get_input_grad_heuristics_config(
+            (m_rows, in_features, out_features), dtype)
+        dot = m_rows == 1 and dtype != jnp.float32
+        assert config.method == ("dot" if dot else "decode"), (dtype, m_rows, config)
+        if dot:
+          tiles = -(-in_features // (4 * config.block_groups))
+          assert config.block_m >= m_rows and tiles * config.split_k == 256, config
+          assert config.split_k <= -(-out_features // config.block_n), config
+        else:
+          gemm_rows = m_rows * (3 if dtype == jnp.float32 else 1)
+          assert config.decode_to == ("int4" if gemm_rows < 128 else "compute"), config
 
 
 @pytest.mark.parametrize("m_rows", [1, 2, 3, 4, 16, 64, 256])
@@ -617,11 +735,13 @@ def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
                                     config=config, interpret=True)
   expected = reference.ternary_matmul_reference(x, packed, scale, C=C, out_dtype=jnp.float32)
   np.testing.assert_allclose(np.asarray(y), np.asarray(expected), rtol=1e-5, atol=1e-4)
-  # The input gradient always gets dot tiles, whatever the forward's method.
+  # The input gradient: dot tiles (out split for few rows), decode from 64 rows; a forward
+  # fma config stands for its heuristic.
   grad_y = jnp.asarray(rng.normal(size=(m_rows, out_features)), jnp.bfloat16)
   grad_config = config_lib.MatmulConfig.get_input_grad_heuristics_config(
       (m_rows, in_features, out_features), grad_y.dtype)
-  assert grad_config.method == "dot" and grad_config.block_m >= 16
+  assert grad_config.method == ("decode" if m_rows >= 2 else "dot"), grad_config
+  assert grad_config.method != "dot" or grad_config.block_m >= 16, grad_config
   gx = matmul_kernels.ternary_matmul_input_grad(grad_y, packed, scale, C=C,
                                                 out_dtype=jnp.float32, config=config,
                                                 interpret=True)

@@ -366,6 +366,13 @@ MATMUL_METHODS = ("dot", "fma", "decode")
 DECODE_TARGETS = ("compute", "int4")
 # Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
 _GEMV_PROGRAMS = 512
+# The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
+_INPUT_GRAD_PROGRAMS = 256
+
+
+def _gemm_rows(m_rows: int, dtype: Any) -> int:
+  """Rows of the decode method's GEMM: float32 operands enter as three bfloat16 pieces."""
+  return 3 * m_rows if jnp.dtype(dtype).itemsize >= 4 else m_rows
 
 
 def _gemv_split_k(out_features: int, in_features: int, block_n: int, block_groups: int) -> int:
@@ -390,12 +397,13 @@ class MatmulConfig:
     allow_tf32: let float32 inputs use TF32 tensor cores (codes are exact in
       any dtype; only ``x`` is rounded). False keeps float32 products exact.
     split_k: programs along ``in`` (each reduces a slab; XLA adds the float32
-      partial tiles). More programs for small ``M``.
+      partial tiles). More programs for small ``M``. In the input-gradient
+      kernel, programs along ``out`` (its reduction).
     method: ``"dot"`` (tensor-core tiles), ``"fma"`` (CUDA-core tiles, for one
       to three rows of ``x``) or ``"decode"`` (decode ``t`` densely, then an XLA
       GEMM: a temporary ``out x in`` matrix, for large ``M``). The input
-      gradient always runs the dot tiles (with the heuristic tiles unless
-      ``method="dot"``).
+      gradient runs ``"dot"`` or ``"decode"`` (an ``"fma"`` config there
+      means its heuristic).
     word_loads: read the codes as uint32 words (three per 16 codes) when
       ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
       else three bytes per 4.
@@ -405,6 +413,14 @@ class MatmulConfig:
     decode_to: what ``"decode"`` writes for XLA's GEMM (one of
       :data:`DECODE_TARGETS`): ``"compute"`` (the compute dtype) or ``"int4"``
       (half a byte per weight, converted inside the GEMM).
+    split_float32: a float32 operand of a dot (float32 ``x``; in the input
+      gradient, float32 ``grad_y * scale``) meets the codes on bfloat16
+      tensor cores as three pieces whose float32 sum is the operand exactly
+      (:func:`jaxnoise.ops.ternary.pallas_triton_matmul.bf16_pieces`).
+      ``t`` is exact in bfloat16, so every product is exact and only the
+      float32 sums round, as in a float32 dot. Used by the dot tiles and the
+      decode method's XLA GEMM unless ``allow_tf32``. False: float32 dots
+      (CUDA cores when exact).
   """
 
   block_m: int = 64
@@ -418,6 +434,7 @@ class MatmulConfig:
   word_loads: bool = True
   x_vector_loads: bool = True
   decode_to: str = "compute"
+  split_float32: bool = True
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
@@ -439,7 +456,7 @@ class MatmulConfig:
     if (not isinstance(self.split_k, int) or isinstance(self.split_k, bool)
         or self.split_k < 1):
       raise ValueError(f"MatmulConfig.split_k must be a positive int, got {self.split_k!r}")
-    for name in ("allow_tf32", "word_loads", "x_vector_loads"):
+    for name in ("allow_tf32", "word_loads", "x_vector_loads", "split_float32"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"MatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -454,24 +471,32 @@ class MatmulConfig:
 
     * ``M = 1``: CUDA-core ``"fma"`` tiles of 16 output units, 512 inputs per
       step, ``in`` split 8 ways (:meth:`_fma_config`).
-    * ``M = 2, 3`` (16-bit ``x``) and ``2 <= M <= 16`` (float32 ``x``): fma
-      tiles of all rows, 8 output units, 2048 inputs per step
-      (:meth:`_fma_rows_config`).
+    * ``M = 2, 3``: fma tiles of all rows, 8 output units, 2048 inputs per
+      step (:meth:`_fma_rows_config`).
     * ``4 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
       codes read as words, one 512-input step per program.
     * ``16 < M < 64`` (16-bit ``x``): GEMM tiles, split along ``in`` (not
       measured).
-    * ``M >= 64`` (or float32 ``x`` beyond ``M = 16``): ``"decode"`` (Pallas
+    * ``M >= 64``, and float32 ``x`` from ``M = 4``: ``"decode"`` (Pallas
       decode to a dense temporary at copy bandwidth, then XLA's GEMM). Device
       time, session 6: 28.4 us at M=64 4096^2 vs 35.1 us for dot tiles; at
       M=256 / 1024, 30.6 / 57.5 us at 4096^2 and 99.4 / 221.6 us at 8192^2
       (0.52-0.86x of a dense bf16 matmul), 3.4-4.7x faster than the best of
       five GEMM tiles that decode in registers.
-    * Below 128 rows of 16-bit ``x`` the decode writes int4 nibbles, which
-      XLA's GEMM converts in its prologue (session 9, device time, int4 /
-      compute-dtype temporary): M=64 22.6 / 26.8 us at 4096^2 and 65.2 /
-      93.4 us at 8192^2 (run 7). From M=128 on XLA's int4 GEMM is the slower
-      one (M=128 4096^2: 30.7 / 26.3 us; M=256: 44.9 / 30.7 us).
+    * Below 128 GEMM rows the decode writes int4 nibbles, which XLA's GEMM
+      converts in its prologue (session 9, device time, int4 / compute-dtype
+      temporary): M=64 22.6 / 26.8 us at 4096^2 and 65.2 / 93.4 us at 8192^2
+      (run 7). From M=128 on XLA's int4 GEMM is the slower one (M=128
+      4096^2: 30.7 / 26.3 us; M=256: 44.9 / 30.7 us).
+    * float32 ``x`` enters that GEMM as three bfloat16 pieces (``3 M`` GEMM
+      rows; ``split_float32``). Session 11 (device time, 4096^2 / 8192^2),
+      against session 10's configs: M=4 16.9 / 49.7 us (fma tiles of all
+      rows 18.2 / 61.5), M=8 19.4 / 58.2 (37.6 / 119.7), M=16 23.9 us
+      (66.1), M=32 28.8 / 76.8 (a float32 GEMM: 63.1 / 283.2), M=256
+      58.4 / 197.5 (207.5 / 766.0), M=1024 178.7 us (713.9). The dot tiles
+      that split ``x`` in registers took 100-116 / 262-368 us at M=4-16. At
+      M=2 / 3 the fma tiles stay: 13.0 / 15.0 us at 4096^2 against 16.0 /
+      16.9 for decode (8192^2: 45.6 / 51.9 against 46.4 / 49.8; run 3).
 
     Example:
       >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
@@ -486,17 +511,17 @@ class MatmulConfig:
     if m_rows == 1:
       # The float32 products are the same for any x dtype (x is cast in registers).
       return cls._fma_config(m_rows, out_features, in_features)
-    if (m_rows <= 3 and itemsize <= 2) or (m_rows <= 16 and itemsize >= 4):
+    if m_rows <= 3:
       return cls._fma_rows_config(m_rows, out_features, in_features)
-    if m_rows >= 64 or (m_rows > 16 and itemsize >= 4):
+    if m_rows >= 64 or itemsize >= 4:
       # decode + XLA GEMM: M=64 4096^2 48.8 vs 53.6 us (dot tiles, split 4); 2.0-3.6x
       # faster than the dot tiles at M = 256 / 1024 (4096^2: 53-62 vs 116-125 us, 98 vs
-      # 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us). Exact float32 GEMM tiles spill;
-      # XLA's float32 GEMM on the decoded t is exact too.
+      # 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us). float32 x enters XLA's GEMM as
+      # three bfloat16 pieces (split_float32), exact products as a float32 GEMM's.
       return cls(method="decode",
-                 decode_to="int4" if m_rows < 128 and itemsize <= 2 else "compute")
+                 decode_to="int4" if _gemm_rows(m_rows, dtype) < 128 else "compute")
     config = cls._dot_tiles(shape, dtype)
-    if m_rows <= 16 and itemsize <= 2:
+    if m_rows <= 16:
       # Session 6 runs 3-5 (device time): 32 outputs x 512 inputs (words) per program, one
       # step each (in split into 512-input slabs): M=4 17.3-17.5 / 44.3-44.6 us at 4096^2 /
       # 8192^2, M=16 18.3-18.6 / 46.4-47.0 (session-5 tiles: 18.8 / 64.7, 20.4 / 65.0).
@@ -553,7 +578,7 @@ class MatmulConfig:
 
   @classmethod
   def _dot_tiles(cls, shape: Sequence[int], dtype: Any) -> "MatmulConfig":
-    """Tensor-core tiles for ``(M, out, in)`` (the forward's dot method, the input gradient).
+    """Tensor-core tiles of the forward's dot method for ``(M, out, in)``.
 
     Decode-sized ``M`` (<= 16) is memory-bound on the 0.75-byte codes: one
     16-row dot tile, 64 output units, 256 inputs per step, and ``in`` split
@@ -565,8 +590,8 @@ class MatmulConfig:
     itemsize = jnp.dtype(dtype).itemsize
     steps_of = lambda groups: max(1, -(-max(1, in_features // 4) // groups))
     if m_rows <= 16:
-      # float32 products are exact FMA tiles (no TF32): 32 outputs x 64 inputs per
-      # step (16 per code lane, the least a dot contracts).
+      # float32 x: 32 outputs x 64 inputs per step (16 per code lane, the least a dot
+      # contracts), as exact FMA tiles without split_float32.
       block_n, groups = (64, 64) if itemsize <= 2 else (32, 16)
       return cls(block_m=16, block_n=block_n, block_groups=groups, num_warps=4, num_stages=3,
                  split_k=_gemv_split_k(out_features, in_features, block_n, groups))
@@ -588,13 +613,64 @@ class MatmulConfig:
   @classmethod
   def get_input_grad_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16
                                        ) -> "MatmulConfig":
-    """Dot tiles of the input-gradient kernel for ``(M, in, out)`` (always ``method="dot"``).
+    """The input gradient's config for ``(M, in, out)`` and ``grad_y``'s ``dtype``.
+
+    * One row of 16-bit ``grad_y``: dot tiles with ``out`` split
+      (:meth:`_input_grad_dot_tiles`); XLA's one-row GEMM with an int4
+      operand was the slow one.
+    * From 2 rows, and float32 at any ``M``: ``"decode"`` and XLA's GEMM
+      (float32 ``grad_y * scale`` as three bfloat16 pieces), with int4
+      nibbles while the GEMM has fewer than 128 rows (``3 M`` for float32).
+
+    Session 11 (H200, device time, ``benchmarks/results/2026-12-02-h200-s11``
+    run 2; session 10 ran one program per 256 inputs over all of ``out``, and
+    exact float32 dots), 4096^2 / 8192^2, bfloat16:
+
+    * M = 1: 19.8 / 68.4 us (dot tiles, 256 inputs, ``out`` split 16 / 8)
+      against 272 / 564 us; decode (int4) 35.7 / 78.9 us.
+    * M = 2-16: decode (int4) 18.9-19.5 / 58.3-59.9 us (M = 4-16: 216-230 /
+      431-463 us before); the split dot tiles 20.0-23.9 / 68.2-71.3 us
+      (run 3 for M = 2, 3).
+    * M = 64 (int4), 256 and 1024: 27.2 / 71.8, 33.0 / 103.0 and 63.3 /
+      228.3 us against 143.8 / 288.4, 197.3 / 791.8 and 323.7 / 1262 us
+      (0.50-0.78x of a dense bfloat16 ``grad_y @ W``).
+
+    float32, decode against session 10's exact float32 dot tiles: M = 1-16
+    18.7-25.3 / 58.3-70.4 us (int4; run 3) against 157-160 / 314-322 us;
+    M = 64 33.7 / 105.4 us against 3552 / 8579 us; M = 256 58.1 / 192.9
+    against 7314 / 24167; M = 1024 178.9 / 616.8 against 24076 / 96083.
 
     Example:
-      >>> MatmulConfig.get_input_grad_heuristics_config((1, 4096, 4096)).block_m
-      16
+      >>> config = MatmulConfig.get_input_grad_heuristics_config((1, 4096, 4096))
+      >>> config.method, config.block_m, config.block_groups, config.split_k
+      ('dot', 16, 64, 16)
+      >>> config = MatmulConfig.get_input_grad_heuristics_config((256, 4096, 4096))
+      >>> config.method, config.decode_to
+      ('decode', 'compute')
     """
-    return cls._dot_tiles(shape, dtype)
+    m_rows = int(shape[0])
+    if m_rows >= 2 or jnp.dtype(dtype).itemsize >= 4:
+      return cls(method="decode", decode_to="int4" if _gemm_rows(m_rows, dtype) < 128
+                 else "compute")
+    return cls._input_grad_dot_tiles(shape)
+
+  @classmethod
+  def _input_grad_dot_tiles(cls, shape: Sequence[int]) -> "MatmulConfig":
+    """Input-gradient dot tiles for ``(M, in, out)``: 16-64 rows x 256 inputs, ``out`` split.
+
+    64 outputs per step; ``out`` split so that there are ~256 programs (one
+    program per 256 inputs over all of ``out`` left 16 programs at
+    ``in = 4096``). Session 11 run 2 (bfloat16, M = 1-16): 19.8-23.9 us at
+    4096^2 and 68.4-71.3 us at 8192^2; 128 inputs per tile with ~512
+    programs took 21.3-24.1 / 74.9-78.1 us.
+    """
+    m_rows, in_features, out_features = (int(d) for d in shape)
+    block_m, block_n, block_groups = min(64, max(16, next_power_of_2(m_rows))), 64, 64
+    tiles = -(-m_rows // block_m) * -(-max(1, in_features // 4) // block_groups)
+    steps = -(-out_features // block_n)
+    split = min(steps, next_power_of_2(max(1, _INPUT_GRAD_PROGRAMS // tiles)))
+    return cls(block_m=block_m, block_n=block_n, block_groups=block_groups, num_warps=4,
+               num_stages=3, split_k=split)
 
   @classmethod
   def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> list["MatmulConfig"]:

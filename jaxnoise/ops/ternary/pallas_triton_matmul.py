@@ -17,6 +17,14 @@ Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
 * ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large
   ``M``). ``MatmulConfig.decode_to``: the compute dtype, or int4 nibbles (half
   a byte per weight) that XLA's GEMM converts in its prologue.
+
+Input gradient (:func:`ternary_matmul_input_grad`): dot tiles, ``out`` split
+into ``split_k`` slabs for few rows, or ``"decode"``.
+
+float32 operands meet ``t`` (exact in bfloat16) as three bfloat16 pieces
+(:func:`bf16_pieces`, ``MatmulConfig.split_float32``): bfloat16 tensor cores
+with exact products, where a float32 dot keeps its products exact only on
+CUDA cores.
 """
 
 from __future__ import annotations
@@ -49,19 +57,87 @@ from jaxnoise.ops.ternary.pallas_triton import (
     unit_layout,
 )
 
-__all__ = ["ternary_matmul", "ternary_matmul_input_grad"]
+__all__ = ["bf16_pieces", "ternary_matmul", "ternary_matmul_input_grad"]
 
 _F32 = jnp.float32
+_BF16 = jnp.bfloat16
 _I32 = jnp.int32
+_U32 = jnp.uint32
 # x (BM, BG) . t (BN, BG)^T -> (BM, BN).
 _DIMS_NT = (((1,), (1,)), ((), ()))
 # g (BM, BN) . t (BN, BG) -> (BM, BG).
 _DIMS_NN = (((1,), (0,)), ((), ()))
 
 
+def bf16_pieces(x):
+  """float32 ``x`` as three bfloat16 arrays whose float32 sum is ``x`` exactly.
+
+  ``hi`` keeps the top 8 significant bits of ``x`` (truncated, so it never
+  overflows), ``mid`` the top 8 of the rest and ``lo`` the remaining ones (at
+  most 8, so exact in bfloat16). A product of a piece with -1, 0 or +1 is
+  exact, so dots of the pieces with ``t`` in float32 accumulation give a
+  float32 dot's result up to the order of its sums. Infinities sit in ``hi`` alone (``mid = lo = 0``); NaN reaches every
+  piece. Works in XLA and inside Pallas kernels.
+
+  The sum is exact for ``|x| >= 2**-103`` (about 1e-31). Below, a piece may
+  be subnormal, and XLA and the GPU flush subnormals to zero: the sum then
+  misses less than ``2**-125`` (about 2.4e-38).
+
+  Example:
+    >>> x = jnp.array([1 / 3, -2.5e-8, 3.4e38], jnp.float32)  # 3.4e38 > bfloat16's max
+    >>> hi, mid, lo = bf16_pieces(x)
+    >>> bool(jnp.all(hi.astype(jnp.float32) + mid.astype(jnp.float32)
+    ...              + lo.astype(jnp.float32) == x))
+    True
+  """
+  hi = _truncate_to_bf16(x)
+  rest = jnp.where(x == hi, _F32(0.0), x - hi)  # exact; inf - inf would be NaN
+  mid = _truncate_to_bf16(rest)
+  return hi.astype(_BF16), mid.astype(_BF16), (rest - mid).astype(_BF16)
+
+
+def _truncate_to_bf16(x):
+  """float32 ``x`` with the low 16 bits of its pattern cleared (exact in bfloat16)."""
+  bits = jax.lax.bitcast_convert_type(x, _U32) & _U32(0xFFFF0000)
+  return jax.lax.bitcast_convert_type(bits, _F32)
+
+
+def _operand_setup(dtype, config: MatmulConfig):
+  """``(operand dtype, split into bf16 pieces, precision)`` of a dot with ``t``."""
+  compute_dtype, precision = _dot_setup(dtype, dtype, config.allow_tf32)
+  split = (config.split_float32 and not config.allow_tf32
+           and jnp.dtype(compute_dtype) == jnp.dtype(_F32))
+  if split:
+    return jnp.dtype(_BF16), True, jax.lax.Precision.DEFAULT
+  return compute_dtype, False, precision
+
+
+def _dot_with_t(operand, t, dims, *, split, precision):
+  """``dot_general(operand, t)`` in float32; ``operand`` as its bf16 pieces when ``split``."""
+  if not split:
+    return jax.lax.dot_general(operand, t, dims, precision=precision,
+                               preferred_element_type=_F32)
+  acc = None
+  for piece in bf16_pieces(operand):
+    part = jax.lax.dot_general(piece, t, dims, preferred_element_type=_F32)
+    acc = part if acc is None else acc + part
+  return acc
+
+
+def _xla_dot_with_t(operand, t, dims, *, split, precision):
+  """:func:`_dot_with_t` as one XLA GEMM: the pieces stacked along the rows of ``operand``."""
+  if not split:
+    return jax.lax.dot_general(operand, t, dims, precision=precision,
+                               preferred_element_type=_F32)
+  rows = operand.shape[0]
+  stacked = jnp.concatenate(bf16_pieces(operand), axis=0)
+  out = jax.lax.dot_general(stacked, t, dims, preferred_element_type=_F32)
+  return jnp.sum(out.reshape((3, rows) + out.shape[1:]), axis=0)
+
+
 def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
                    n_units, block_m, block_n, block_units, steps_per_split, method,
-                   compute_dtype, precision, partial_sums, x_vector=1):
+                   compute_dtype, precision, partial_sums, x_vector=1, split_float32=False):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
 
   ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
@@ -79,7 +155,8 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
 
   * ``method="dot"``: ``t`` of each lane selected in the compute dtype
     (exact), one ``dot_general`` per lane and step (tensor cores; float32
-    accumulation);
+    accumulation); with ``split_float32``, ``x`` is float32 and meets ``t`` in
+    bfloat16 as three pieces (:func:`bf16_pieces`), one dot each;
   * ``method="fma"`` (no tensor cores: for a few rows, where a dot pads to
     16): with one row, ``+-x`` or 0 selected per code and summed in float32;
     with several, ``t`` in float32 once per weight and one multiply-add per
@@ -163,8 +240,7 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
       raw, xs = fetched
       for (ge_lv, ge_2lv), x in zip(unit_buckets(raw, layout, C), xs):
         t = jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
-        acc = acc + jax.lax.dot_general(x, t, _DIMS_NT,
-                                        precision=precision, preferred_element_type=_F32)
+        acc = acc + _dot_with_t(x, t, _DIMS_NT, split=split_float32, precision=precision)
       return acc
 
     acc = jnp.zeros((block_m, block_n), _F32)
@@ -210,8 +286,8 @@ def _outer_and(row_mask, col_mask, shape):
   return row_mask[:, None] & col_mask[None, :]
 
 
-def _x_operand(x, layout: UnitLayout, method: str, compute_dtype):
-  """The kernel's ``x``: lane-major in the compute dtype (dot), else a free ``(M, units, L)`` view.
+def _x_operand(x, layout: UnitLayout, method: str, dtype):
+  """The kernel's ``x``: lane-major in ``dtype`` (dot), else a free ``(M, units, L)`` view.
 
   The dot tiles load each lane as a contiguous ``(block_m, block_units)``
   tile from XLA's transpose; the fma tiles load the lanes strided from ``x``
@@ -219,7 +295,7 @@ def _x_operand(x, layout: UnitLayout, method: str, compute_dtype):
   sizes, where the whole matmul takes ~10 us).
   """
   if method == "dot":
-    return x_lanes(x, layout).astype(compute_dtype)
+    return x_lanes(x, layout).astype(dtype)
   m_rows, in_features = x.shape
   return x.reshape(m_rows, in_features // layout.codes, layout.codes)
 
@@ -231,38 +307,57 @@ def x_lanes(x, layout: UnitLayout):
   return jnp.swapaxes(x.reshape(m_rows, in_features // n_lanes, n_lanes), 1, 2)
 
 
-def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, C, m_rows, n_out,
-                              n_groups, block_m, block_n, block_groups, compute_dtype,
-                              precision):
+def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, C, m_rows,
+                              n_out, n_groups, block_m, block_n, block_groups, steps_per_split,
+                              compute_dtype, precision, partial_sums, split_float32):
+  """One ``(block_m, 4 * block_groups)`` tile of ``grad_x`` over one slab of ``out``.
+
+  Each step scales a ``(block_m, block_n)`` chunk of ``grad_y`` by its rows'
+  ``scale`` in float32, reads the ``(block_n, block_groups)`` codes (bytes)
+  and meets each of the four code lanes in one dot (three with ``split_float32``:
+  the float32 operand's bfloat16 pieces). ``partial_sums``: the slab's float32
+  tile goes to ``grad_x_ref[split]`` and XLA adds the slabs.
+  """
   m0 = pl.program_id(0) * block_m
   g0 = pl.program_id(1) * block_groups
+  first_out = pl.program_id(2) * (steps_per_split * block_n)
   m_mask = (m0 + _iota(block_m)) < m_rows
   group_mask = (g0 + _iota(block_groups)) < n_groups
 
   def step(i, accumulators):
-    n0 = i * block_n
+    n0 = first_out + i * block_n
     n_mask = (n0 + _iota(block_n)) < n_out
     grad_y = plgpu.load(grad_y_ref.at[pl.ds(m0, block_m), pl.ds(n0, block_n)],
                         mask=m_mask[:, None] & n_mask[None, :], other=0)
     scale = _load_vector(scale_ref, n0, block_n, n_mask, 0.0).astype(_F32)
-    scaled = (grad_y.astype(_F32) * scale[None, :]).astype(compute_dtype)
+    scaled = grad_y.astype(_F32) * scale[None, :]
+    if not split_float32:
+      scaled = scaled.astype(compute_dtype)
     codes = _load_codes(packed_ref, n0, block_n, g0, block_groups,
                         n_mask[:, None] & group_mask[None, :])
     return tuple(
-        acc + jax.lax.dot_general(
-            scaled, ref_lib.ternary_of(code, C).astype(_F32).astype(compute_dtype), _DIMS_NN,
-            precision=precision, preferred_element_type=_F32)
+        acc + _dot_with_t(scaled, ref_lib.ternary_of(code, C).astype(_F32).astype(compute_dtype),
+                          _DIMS_NN, split=split_float32, precision=precision)
         for acc, code in zip(accumulators, codes))
 
   zeros = jnp.zeros((block_m, block_groups), _F32)
-  accumulators = _loop(_cdiv(n_out, block_n), step, (zeros,) * 4)
-  _store_lanes(grad_x_ref, m0, block_m, g0, block_groups,
-               [acc.astype(grad_x_ref.dtype) for acc in accumulators],
-               m_mask[:, None] & group_mask[None, :])
+  accumulators = _loop(steps_per_split, step, (zeros,) * 4)
+  mask = m_mask[:, None] & group_mask[None, :]
+  if partial_sums:
+    for k, acc in enumerate(accumulators):
+      plgpu.store(grad_x_ref.at[pl.program_id(2), pl.ds(m0, block_m), pl.ds(g0, block_groups),
+                                _I32(k)], acc, mask=mask)
+  else:
+    _store_lanes(grad_x_ref, m0, block_m, g0, block_groups,
+                 [acc.astype(grad_x_ref.dtype) for acc in accumulators], mask)
 
 
 def _decoded_weight(packed, C: int, decode_to: str, compute_dtype, interpret: bool):
-  """``t`` for XLA's GEMM (exact either way); an int4 ``t`` is converted inside the GEMM."""
+  """``t`` for XLA's GEMM (exact either way); an int4 ``t`` is converted inside the GEMM.
+
+  ``compute_dtype`` is the GEMM's operand dtype (bfloat16 for a float32
+  operand split into pieces).
+  """
   if decode_to == "compute":
     return elementwise.ternary_decode(packed, jnp.ones((packed.shape[0],), _F32), C=C,
                                       dtype=compute_dtype, interpret=interpret)
@@ -290,11 +385,11 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
   m_rows, in_features = x.shape
   out_features = packed.shape[0]
   config = _matmul_config(config, (m_rows, out_features, in_features), x.dtype)
-  compute_dtype, precision = _dot_setup(x.dtype, x.dtype, config.allow_tf32)
+  compute_dtype, split, precision = _operand_setup(x.dtype, config)
+  x_dtype = _F32 if split else compute_dtype  # split: bf16 pieces of float32 x
   if config.method == "decode":
-    y = jax.lax.dot_general(x.astype(compute_dtype), _decoded_weight(packed, C, config.decode_to,
-                                                                     compute_dtype, interpret),
-                            _DIMS_NT, precision=precision, preferred_element_type=_F32)
+    t = _decoded_weight(packed, C, config.decode_to, compute_dtype, interpret)
+    y = _xla_dot_with_t(x.astype(x_dtype), t, _DIMS_NT, split=split, precision=precision)
     return (y * scale.astype(_F32)[None, :]).astype(out_dtype)
   # A dot step contracts one code lane of block_units units: Triton dots need >= 16.
   min_word_groups = 4 * ref_lib.CODES_PER_WORD_GROUP if config.method == "dot" else 4
@@ -313,7 +408,8 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       _matmul_kernel, C=C, layout=layout, m_rows=m_rows, n_out=out_features, n_units=n_units,
       block_m=config.block_m, block_n=config.block_n, block_units=block_units,
       steps_per_split=steps_per_split, method=config.method, compute_dtype=compute_dtype,
-      precision=precision, partial_sums=partial_sums, x_vector=x_vector)
+      precision=precision, partial_sums=partial_sums, x_vector=x_vector,
+      split_float32=split and config.method == "dot")
   if partial_sums:
     out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)
   else:
@@ -322,7 +418,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       kernel, name="ternary_matmul",
       grid=(_cdiv(m_rows, config.block_m), _cdiv(out_features, config.block_n), splits),
       out_shape=out_shape, config=config, interpret=interpret,
-  )(_x_operand(x, layout, config.method, compute_dtype), packed_units(packed, layout), scale)
+  )(_x_operand(x, layout, config.method, x_dtype), packed_units(packed, layout), scale)
   if partial_sums:
     y = (jnp.sum(y, axis=0) * scale.astype(_F32)[None, :]).astype(out_dtype)
   return y
@@ -330,25 +426,45 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
 
 def ternary_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype,
                               config: MatmulConfig | None = None, interpret: bool = False):
-  """``(grad_y * scale) @ t``: ``(M, out) -> (M, in)``, reading the packed codes."""
+  """``(grad_y * scale) @ t``: ``(M, out) -> (M, in)``, reading the packed codes.
+
+  ``config`` tiles it as ``(M, in, out)`` (:meth:`MatmulConfig.get_input_grad_heuristics_config`
+  when None or ``method="fma"``): dot tiles of ``grad_x`` with ``out`` split
+  into ``split_k`` slabs, or ``method="decode"`` (``t`` decoded, then XLA's
+  GEMM). ``grad_y * scale`` is formed in float32 and then rounded to the
+  compute dtype (16-bit ``grad_y``) or split into bfloat16 pieces (float32).
+  """
   m_rows, out_features = grad_y.shape
   in_features = 4 * (packed.shape[1] // 3)
   shape = (m_rows, in_features, out_features)
-  if check_config(config, MatmulConfig) is None or config.method != "dot":
-    # Only dot tiles exist for the input gradient (the fma / decode heuristics do not apply).
+  if check_config(config, MatmulConfig) is None or config.method == "fma":
     config = MatmulConfig.get_input_grad_heuristics_config(shape, grad_y.dtype)
-  compute_dtype, precision = _dot_setup(grad_y.dtype, grad_y.dtype, config.allow_tf32)
+  compute_dtype, split, precision = _operand_setup(grad_y.dtype, config)
+  if config.method == "decode":
+    scaled = grad_y.astype(_F32) * scale.astype(_F32)[None, :]
+    t = _decoded_weight(packed, C, config.decode_to, compute_dtype, interpret)
+    grad_x = _xla_dot_with_t(scaled if split else scaled.astype(compute_dtype), t, _DIMS_NN,
+                             split=split, precision=precision)
+    return grad_x.astype(out_dtype)
   n_groups = in_features // 4
+  n_steps = _cdiv(out_features, config.block_n)
+  steps_per_split = _cdiv(n_steps, max(1, min(config.split_k, n_steps)))
+  splits = _cdiv(n_steps, steps_per_split)
+  partial_sums = splits > 1
   kernel = functools.partial(
       _matmul_input_grad_kernel, C=C, m_rows=m_rows, n_out=out_features, n_groups=n_groups,
       block_m=config.block_m, block_n=config.block_n, block_groups=config.block_groups,
-      compute_dtype=compute_dtype, precision=precision)
+      steps_per_split=steps_per_split, compute_dtype=compute_dtype, precision=precision,
+      partial_sums=partial_sums, split_float32=split)
+  if partial_sums:
+    out_shape = jax.ShapeDtypeStruct((splits, m_rows, n_groups, 4), _F32)
+  else:
+    out_shape = jax.ShapeDtypeStruct((m_rows, n_groups, 4), out_dtype)
   grad_x = _call(
       kernel, name="ternary_matmul_input_grad",
-      grid=(_cdiv(m_rows, config.block_m), _cdiv(n_groups, config.block_groups)),
-      out_shape=jax.ShapeDtypeStruct((m_rows, n_groups, 4), out_dtype), config=config,
-      interpret=interpret,
+      grid=(_cdiv(m_rows, config.block_m), _cdiv(n_groups, config.block_groups), splits),
+      out_shape=out_shape, config=config, interpret=interpret,
   )(grad_y, _packed_view(packed), scale)
+  if partial_sums:
+    grad_x = jnp.sum(grad_x, axis=0).astype(out_dtype)
   return grad_x.reshape(m_rows, in_features)
-
-
