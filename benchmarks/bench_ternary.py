@@ -34,7 +34,7 @@ case, and prints each row as it completes):
   its own ``(x, grad_out)`` (with shared inputs XLA formed the baseline's
   GEMM once per group: session 5's ratios were up to 2.2x too high).
 * ``tune``: the library's autotuners (:mod:`jaxnoise.ops.ternary.tuning`,
-  screen included) at the update, matmul and from_io shapes above; every
+  screen included) at the update, matmul, input-gradient and from_io shapes; every
   candidate's fate is recorded, and the heuristic and the selected config are
   then timed side by side in device time.
 
@@ -933,7 +933,7 @@ def _tuned_and_timed(tune, heuristic, time_config) -> dict:
 
 
 def part_tune(args, budget, out) -> None:
-  """Runs the three ternary tuners at the benchmark shapes and times the winner.
+  """Runs the four ternary tuners at the benchmark shapes and times the winner.
 
   The tuner times several calls per dispatch by wall clock (see
   ``jaxnoise.ops.ternary.tuning``); here the heuristic and the selected config
@@ -991,6 +991,29 @@ def part_tune(args, budget, out) -> None:
           config_lib.MatmulConfig.get_heuristics_config((m_rows,) + shape, bf16), time_config)
 
     run_case(f"ternary_matmul M={m_rows} {shape[0]}x{shape[1]} bfloat16", tune_matmul)
+
+  grad_cases = [(3, (48, 16 * 5), f32)] if args.quick else \
+      [(m, (4096, 4096), dtype) for dtype in (bf16, f32) for m in (1, 4, 256)]
+  for m_rows, shape, dtype in grad_cases:
+    def tune_input_grad(m_rows=m_rows, shape=shape, dtype=dtype):
+      n_copies = 2 if args.quick else max(2, _copies(shape[0] * shape[1] * 3 // 4, False))
+      packs = [make_state(jax.random.key(50 + i), *shape)[:2] for i in range(n_copies + 1)]
+      grad_y = jax.random.normal(jax.random.key(51), (m_rows, shape[0]), dtype)
+
+      def time_config(config):
+        call = jax.jit(functools.partial(matmul_kernels.ternary_matmul_input_grad, C=C,
+                                         out_dtype=dtype, config=config, interpret=interpret))
+        busy = _harness.device_busy(call, arg_sets=[(grad_y, *pack) for pack in packs])
+        return {"device_s": None if busy is None else busy["busy_ms"] / 1e3}
+
+      return _tuned_and_timed(
+          lambda: tuning.tune_matmul_input_grad(grad_y, *packs[0], C=C,
+                                                implementation=implementation, repeats=repeats),
+          config_lib.MatmulConfig.get_input_grad_heuristics_config(
+              (m_rows, shape[1], shape[0]), dtype), time_config)
+
+    run_case(f"matmul input grad M={m_rows} {shape[0]}x{shape[1]} {jnp.dtype(dtype).name}",
+             tune_input_grad)
 
   from_io_shape = (64, 16 * 40) if args.quick else (4096, 4096)
   for m_rows in (64,) if args.quick else (1024, 4096):

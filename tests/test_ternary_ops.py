@@ -1127,3 +1127,65 @@ def test_tuning_matmul_selects_a_screened_config(rng):
     tuning.tune_matmul(x, packed, scale, C=3, implementation="interpret", candidates=[split],
                        tolerance=-1.0, repeats=1)
   autotune.clear()
+
+
+def test_tuning_batches_compile_one_decode_per_call(rng):
+  """The tuner's timed executable decodes each call's weights: XLA merges no decode.
+
+  With one weight array shared by the batch, XLA computed the decode method's
+  ``t`` once for all calls (H200, session 11: the tuner then preferred a
+  decode that is slower per call). Each call now reads its own copy.
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops.ternary import tuning
+  _, packed, scale, _ = random_state(rng, 40, 4 * 24, 3)
+  grad_y = jnp.asarray(rng.normal(size=(2, 40)), jnp.float32)
+  op = functools.partial(tuning._input_grad, C=3, out_dtype=jnp.float32)  # pylint: disable=protected-access
+  config = config_lib.MatmulConfig(method="decode")
+  calls = 3
+  many = tuning._many_matmuls(op, "interpret", config)  # pylint: disable=protected-access
+  shared = jax.jit(lambda xs, packed, scale: [
+      op(x, packed, scale, implementation="interpret", config=config) for x in xs])
+  copies = [jnp.array(packed, copy=True) for _ in range(calls)]
+  for lowered, decodes in [(many.lower([grad_y] * calls, copies, scale), calls),
+                           (shared.lower([grad_y] * calls, packed, scale), 1)]:
+    text = lowered.compile().as_text()
+    entry = text[text.index("ENTRY"):]
+    # One grid loop per decode kernel in interpret mode.
+    assert entry.count(" while(") == decodes, entry.count(" while(")
+
+
+def test_tuning_matmul_input_grad_is_what_the_vjp_runs(rng, monkeypatch):
+  """The tuned input-gradient config is screened, cached, and taken by ``jax.grad``."""
+  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops import autotune
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  from jaxnoise.ops.ternary import tuning
+  # pylint: enable=g-import-not-at-top
+  autotune.clear()
+  out_features, in_features, C = 21, 4 * 13, 3
+  _, packed, scale, _ = random_state(rng, out_features, in_features, C)
+  x = jnp.asarray(rng.normal(size=(3, in_features)), jnp.float32)
+  grad_y = jnp.asarray(rng.normal(size=(3, out_features)), jnp.float32)
+  split = config_lib.MatmulConfig(block_m=16, block_n=16, block_groups=16, split_k=2)
+  record = tuning.tune_matmul_input_grad(grad_y, packed, scale, C=C, implementation="interpret",
+                                         candidates=[split], repeats=1)
+  assert record.selected == split and record.candidates[0].status == "selected"
+  assert record.candidates[0].deviation <= record.tolerance
+  seen = []
+  kernel = matmul_kernels.ternary_matmul_input_grad
+
+  def spy(*args, config=None, **kwargs):
+    seen.append(config)
+    return kernel(*args, config=config, **kwargs)
+
+  monkeypatch.setattr(matmul_kernels, "ternary_matmul_input_grad", spy)
+  loss = lambda x: jnp.sum(ternary.ternary_matmul(x, packed, scale, C=C,
+                                                  implementation="interpret") * grad_y)
+  got = jax.grad(loss)(x)
+  assert seen == [split]
+  expected = reference.ternary_matmul_input_grad_reference(grad_y, packed, scale, C=C)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5)
+  autotune.clear()
+  with pytest.raises(ValueError, match="grad_y must be"):
+    tuning.tune_matmul_input_grad(grad_y[:, 1:], packed, scale, C=C, implementation="interpret")

@@ -673,12 +673,27 @@ class MatmulConfig:
                num_stages=3, split_k=split)
 
   @classmethod
+  def input_grad_candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16
+                            ) -> list["MatmulConfig"]:
+    """The input gradient's heuristic for ``(M, in, out)``, then decode and split dot tiles."""
+    replace = dataclasses.replace
+    dot = cls._input_grad_dot_tiles(shape)
+    out = [cls.get_input_grad_heuristics_config(shape, dtype)]
+    out += [cls(method="decode", decode_to=target) for target in DECODE_TARGETS]
+    out += [dot, replace(dot, split_k=2 * dot.split_k),
+            replace(dot, split_k=max(1, dot.split_k // 2)),
+            replace(dot, block_groups=32, split_k=2 * dot.split_k)]
+    return list(dict.fromkeys(out))
+
+  @classmethod
   def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> list["MatmulConfig"]:
     """The heuristic and a few neighbours (autotuning and the benchmark sweep)."""
     m_rows, out_features, in_features = (int(d) for d in shape)
     base = cls.get_heuristics_config(shape, dtype)
     out = [base]
     replace = dataclasses.replace
+    if base.method == "decode":  # the other temporary
+      out += [replace(base, decode_to=target) for target in DECODE_TARGETS]
     if m_rows <= 16:
       fma = cls._fma_config(m_rows, out_features, in_features)
       dot = base if base.method == "dot" else replace(cls._dot_tiles(shape, dtype),
@@ -733,3 +748,12 @@ def matmul_key(implementation: str, m_rows: int, out_features: int, in_features:
   op = "ternary_matmul"
   return op, (op, implementation, (int(m_rows), int(out_features), int(in_features)),
               str(jnp.dtype(x_dtype)), str(jnp.dtype(out_dtype)))
+
+
+def matmul_input_grad_key(implementation: str, m_rows: int, in_features: int,
+                          out_features: int, grad_dtype: Any, out_dtype: Any
+                          ) -> tuple[str, tuple]:
+  """``(op, key)`` of the packed matmul's input gradient from an ``(M, out)`` ``grad_y``."""
+  op = "ternary_matmul_input_grad"
+  return op, (op, implementation, (int(m_rows), int(in_features), int(out_features)),
+              str(jnp.dtype(grad_dtype)), str(jnp.dtype(out_dtype)))

@@ -57,10 +57,13 @@ def _matmul_input_grad(static: _MatmulStatic, grad_y, packed, scale, out_dtype):
   if static.implementation == "reference":
     return reference.ternary_matmul_input_grad_reference(grad_y, packed, scale, C=static.C,
                                                          out_dtype=out_dtype)
-  # The forward's config tiles the forward only (its split / method have no
-  # meaning here); the input gradient uses its own heuristic tiles.
+  # The forward's config tiles the forward only; the input gradient takes a config tuned
+  # for its shape (tuning.tune_matmul_input_grad), else its own heuristic.
+  config = autotune.lookup(*config_lib.matmul_input_grad_key(
+      static.implementation, grad_y.shape[0], 4 * (packed.shape[1] // 3), grad_y.shape[1],
+      grad_y.dtype, out_dtype))
   return _kernels("matmul").ternary_matmul_input_grad(grad_y, packed, scale, C=static.C,
-                                              out_dtype=out_dtype, config=None,
+                                              out_dtype=out_dtype, config=config,
                                               interpret=static.implementation == "interpret")
 
 
@@ -130,7 +133,8 @@ def ternary_matmul(
     config: forward kernel (:class:`MatmulConfig`: tiles, split along ``in``,
       method) or None (a tuned config if :func:`jaxnoise.ops.ternary.tuning.tune_matmul`
       ran for this shape, else the heuristic). The input gradient of the VJP
-      always uses its heuristic tiles.
+      takes the config :func:`jaxnoise.ops.ternary.tuning.tune_matmul_input_grad`
+      tuned for its shape, else its heuristic.
 
   Returns:
     ``(..., out)`` array of ``out_dtype``.

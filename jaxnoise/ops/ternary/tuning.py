@@ -42,11 +42,12 @@ from jaxnoise.ops import _common
 from jaxnoise.ops import autotune
 from jaxnoise.ops.ternary import config as config_lib
 from jaxnoise.ops.ternary import reference
+from jaxnoise.ops.ternary._validation import _check_packed, _check_row_vector, _kernels, check_C
 from jaxnoise.ops.ternary.matmul import ternary_matmul
 from jaxnoise.ops.ternary.update import counter_update, counter_update_from_io
 
 __all__ = ["tune_counter_update", "tune_counter_update_from_io", "tune_matmul",
-           "update_deviation"]
+           "tune_matmul_input_grad", "update_deviation"]
 
 # Accepted relative deviation of the matmul from the float32 reference, by x's
 # dtype (products of exact ternary values; only the reduction order and the
@@ -79,19 +80,31 @@ _BATCH_CALLS = 8
 
 
 def _batched_matmul(op, implementation: str, x, packed, scale):
-  """``batched_run`` of the matmul: one executable of _BATCH_CALLS products on copies of ``x``.
+  """``batched_run`` of a matmul: one executable of _BATCH_CALLS products on copies of the operands.
 
-  Each call reads its own copy of ``x`` (distinct parameters, so XLA does not
-  merge them) and the same weights, as successive decode steps would.
+  Each call reads its own copy of ``x`` and of ``packed`` (distinct
+  parameters, so XLA merges nothing), as the layers of a model would. With
+  shared weights XLA computed the decode method's ``t`` once for all calls
+  (H200, 2026-12-02: the input-gradient tuner then picked a decode 1.2-2.8x
+  slower than the heuristic in device time); an ``optimization_barrier`` per
+  call did not stop that merge on CPU. The copies cost ``_BATCH_CALLS`` times
+  the packed weights in memory while tuning.
   """
   xs = [jnp.array(x, copy=True) for _ in range(_BATCH_CALLS)]
+  packs = [jnp.array(packed, copy=True) for _ in range(_BATCH_CALLS)]
 
   def batched_run(config):
-    many = jax.jit(lambda xs, packed, scale: [
-        op(x_i, packed, scale, implementation=implementation, config=config) for x_i in xs])
-    return lambda: many(xs, packed, scale)
+    many = _many_matmuls(op, implementation, config)
+    return lambda: many(xs, packs, scale)
 
   return batched_run
+
+
+def _many_matmuls(op, implementation: str, config):
+  """``(xs, packs, scale) -> [op(x_i, packed_i, scale)]``, jitted: one product per pair."""
+  return jax.jit(lambda xs, packs, scale: [
+      op(x_i, packed_i, scale, implementation=implementation, config=config)
+      for x_i, packed_i in zip(xs, packs)])
 
 
 def _batched_update(op, implementation: str, packed, scale, v, *operands):
@@ -302,4 +315,76 @@ def tune_matmul(x, packed, scale, *, C: int, out_dtype: Any = None,
                        lambda: op(x, packed, scale, implementation="reference"), tolerance,
                        repeats=repeats,
                        batched_run=_batched_matmul(op, implementation, x, packed, scale),
+                       batch_calls=_BATCH_CALLS)
+
+
+def _input_grad(grad_y, packed, scale, *, C: int, out_dtype, implementation: str, config=None):
+  """The VJP's input gradient ``(grad_y * scale) @ t`` by ``implementation``."""
+  if implementation == "reference":
+    return reference.ternary_matmul_input_grad_reference(grad_y, packed, scale, C=C,
+                                                         out_dtype=out_dtype)
+  return _kernels("matmul").ternary_matmul_input_grad(
+      grad_y, packed, scale, C=C, out_dtype=out_dtype, config=config,
+      interpret=implementation == "interpret")
+
+
+def tune_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype: Any = None,
+                           implementation: str = "auto",
+                           candidates: Sequence[Any] | None = None,
+                           tolerance: float | None = None,
+                           repeats: int = 10) -> autotune.TuningRecord:
+  """Tune the input gradient of :func:`jaxnoise.ops.ternary.ternary_matmul`'s VJP.
+
+  ``jax.grad`` through the matmul then takes the selected config for an
+  output gradient of this shape and dtype (``out_dtype`` is ``x``'s dtype in
+  the VJP).
+
+  Args:
+    grad_y: ``(M, out)`` output gradient (2-D, as the op flattens it).
+    packed, scale, C: as for the op.
+    out_dtype: the gradient's dtype (``x``'s in the VJP; default ``grad_y``'s).
+    implementation: ``"auto"``, ``"pallas"`` or ``"interpret"``.
+    candidates: configs to try (None: :meth:`MatmulConfig.input_grad_candidates`;
+      a None entry stands for the heuristic).
+    tolerance: accepted ``max|g - ref| / max|ref|`` (None: by ``grad_y``'s
+      dtype; 16-bit ``grad_y * scale`` is rounded before the dot).
+    repeats: timed samples per candidate.
+
+  Returns:
+    The tuning record.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from jaxnoise.ops import ternary
+    >>> packed, scale = ternary.ternary_init(jnp.ones((8, 32)), C=3)
+    >>> record = tune_matmul_input_grad(jnp.ones((2, 8)), packed, scale, C=3,
+    ...     implementation="interpret", candidates=[None], repeats=1)
+    >>> record.selected.method
+    'decode'
+  """
+  implementation = _kernel_implementation(implementation)
+  packed = _check_packed(packed)
+  grad_y = _common.check_float_array(grad_y, "grad_y", (2,))
+  out_features, in_features = packed.shape[0], 4 * (packed.shape[1] // 3)
+  if grad_y.shape[1] != out_features:
+    raise ValueError(f"grad_y must be (M, out={out_features}) for packed "
+                     f"{_common.describe(packed)}; got grad_y {_common.describe(grad_y)}")
+  scale = _check_row_vector(scale, "scale", out_features, packed, _common.FLOAT_DTYPES)
+  C = check_C(C)
+  out_dtype = jnp.dtype(grad_y.dtype if out_dtype is None else out_dtype)
+  m_rows = grad_y.shape[0]
+  shape = (m_rows, in_features, out_features)
+  heuristic = config_lib.MatmulConfig.get_input_grad_heuristics_config(shape, grad_y.dtype)
+  if candidates is None:
+    candidates = config_lib.MatmulConfig.input_grad_candidates(shape, grad_y.dtype)
+  op = functools.partial(_input_grad, C=C, out_dtype=out_dtype)
+  run = _jitted_per_config(op, implementation, grad_y, packed, scale)
+  if tolerance is None:
+    tolerance = _MATMUL_TOLERANCE.get(jnp.dtype(grad_y.dtype), 1e-2)
+  op_name, key = config_lib.matmul_input_grad_key(implementation, m_rows, in_features,
+                                                  out_features, grad_y.dtype, out_dtype)
+  return autotune.tune(op_name, key, _resolve(candidates, heuristic), run,
+                       lambda: op(grad_y, packed, scale, implementation="reference"), tolerance,
+                       repeats=repeats,
+                       batched_run=_batched_matmul(op, implementation, grad_y, packed, scale),
                        batch_calls=_BATCH_CALLS)
