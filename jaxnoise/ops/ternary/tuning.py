@@ -304,18 +304,24 @@ def tune_matmul(x, packed, scale, *, C: int, out_dtype: Any = None,
   heuristic = config_lib.MatmulConfig.get_heuristics_config(shape, x.dtype)
   if candidates is None:
     candidates = config_lib.MatmulConfig.candidates(shape, x.dtype)
-  op = functools.partial(ternary_matmul, C=C, out_dtype=out_dtype)
-  run = _jitted_per_config(op, implementation, x, packed, scale)
+  return _tune_product(
+      functools.partial(ternary_matmul, C=C, out_dtype=out_dtype),
+      config_lib.matmul_key(implementation, m_rows, out_features, in_features, x.dtype,
+                            out_dtype),
+      x, packed, scale, implementation=implementation,
+      candidates=_resolve(candidates, heuristic), tolerance=tolerance, repeats=repeats)
 
+
+def _tune_product(op, op_and_key, operand, packed, scale, *, implementation: str, candidates,
+                  tolerance: float | None, repeats: int) -> autotune.TuningRecord:
+  """Tunes ``op(operand, packed, scale)``: the packed matmul or its input gradient."""
   if tolerance is None:
-    tolerance = _MATMUL_TOLERANCE.get(jnp.dtype(x.dtype), 1e-2)
-  op_name, key = config_lib.matmul_key(implementation, m_rows, out_features, in_features,
-                                       x.dtype, out_dtype)
-  return autotune.tune(op_name, key, _resolve(candidates, heuristic), run,
-                       lambda: op(x, packed, scale, implementation="reference"), tolerance,
-                       repeats=repeats,
-                       batched_run=_batched_matmul(op, implementation, x, packed, scale),
-                       batch_calls=_BATCH_CALLS)
+    tolerance = _MATMUL_TOLERANCE.get(jnp.dtype(operand.dtype), 1e-2)
+  return autotune.tune(
+      *op_and_key, candidates, _jitted_per_config(op, implementation, operand, packed, scale),
+      lambda: op(operand, packed, scale, implementation="reference"), tolerance,
+      repeats=repeats, batched_run=_batched_matmul(op, implementation, operand, packed, scale),
+      batch_calls=_BATCH_CALLS)
 
 
 def _input_grad(grad_y, packed, scale, *, C: int, out_dtype, implementation: str, config=None):
@@ -377,14 +383,9 @@ def tune_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype: Any = No
   heuristic = config_lib.MatmulConfig.get_input_grad_heuristics_config(shape, grad_y.dtype)
   if candidates is None:
     candidates = config_lib.MatmulConfig.input_grad_candidates(shape, grad_y.dtype)
-  op = functools.partial(_input_grad, C=C, out_dtype=out_dtype)
-  run = _jitted_per_config(op, implementation, grad_y, packed, scale)
-  if tolerance is None:
-    tolerance = _MATMUL_TOLERANCE.get(jnp.dtype(grad_y.dtype), 1e-2)
-  op_name, key = config_lib.matmul_input_grad_key(implementation, m_rows, in_features,
-                                                  out_features, grad_y.dtype, out_dtype)
-  return autotune.tune(op_name, key, _resolve(candidates, heuristic), run,
-                       lambda: op(grad_y, packed, scale, implementation="reference"), tolerance,
-                       repeats=repeats,
-                       batched_run=_batched_matmul(op, implementation, grad_y, packed, scale),
-                       batch_calls=_BATCH_CALLS)
+  return _tune_product(
+      functools.partial(_input_grad, C=C, out_dtype=out_dtype),
+      config_lib.matmul_input_grad_key(implementation, m_rows, in_features, out_features,
+                                       grad_y.dtype, out_dtype),
+      grad_y, packed, scale, implementation=implementation,
+      candidates=_resolve(candidates, heuristic), tolerance=tolerance, repeats=repeats)
