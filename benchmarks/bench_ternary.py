@@ -630,8 +630,8 @@ def session10_matmul_config(shape, dtype, op="forward"):
   m_rows, out_features, in_features = shape
   itemsize = jnp.dtype(dtype).itemsize
   if op == "input_grad":
-    return dataclasses.replace(M._dot_tiles(shape, dtype), split_k=1,  # pylint: disable=protected-access
-                               split_float32=False)
+    tiles = M._dot_tiles(shape, dtype)  # pylint: disable=protected-access
+    return dataclasses.replace(tiles, split_k=1, split_float32=False)
   if itemsize >= 4 and 4 <= m_rows <= 16:
     return M._fma_rows_config(m_rows, out_features, in_features)  # pylint: disable=protected-access
   if itemsize >= 4 and m_rows > 16:
@@ -646,8 +646,8 @@ def input_grad_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   base = M.get_input_grad_heuristics_config(shape, dtype)
   dot = M._input_grad_dot_tiles(shape)  # pylint: disable=protected-access
   out = [base] + [M(method="decode", decode_to=target) for target in config_lib.DECODE_TARGETS]
-  out += [dot, replace(dot, split_k=2 * dot.split_k), replace(dot, split_k=max(1, dot.split_k // 2)),
-          replace(dot, block_groups=32)]
+  out += [dot, replace(dot, split_k=2 * dot.split_k),
+          replace(dot, split_k=max(1, dot.split_k // 2)), replace(dot, block_groups=32)]
   return list(dict.fromkeys(out))
 
 

@@ -76,8 +76,9 @@ def bf16_pieces(x):
   overflows), ``mid`` the top 8 of the rest and ``lo`` the remaining ones (at
   most 8, so exact in bfloat16). A product of a piece with -1, 0 or +1 is
   exact, so dots of the pieces with ``t`` in float32 accumulation give a
-  float32 dot's result up to the order of its sums. Infinities sit in ``hi`` alone (``mid = lo = 0``); NaN reaches every
-  piece. Works in XLA and inside Pallas kernels.
+  float32 dot's result up to the order of its sums. Infinities sit in ``hi``
+  alone (``mid = lo = 0``); NaN reaches every piece. Works in XLA and inside
+  Pallas kernels.
 
   The sum is exact for ``|x| >= 2**-103`` (about 1e-31). Below, a piece may
   be subnormal, and XLA and the GPU flush subnormals to zero: the sum then
