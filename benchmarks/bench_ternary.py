@@ -639,18 +639,6 @@ def session10_matmul_config(shape, dtype, op="forward"):
   return M.get_heuristics_config(shape, dtype)
 
 
-def input_grad_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
-  """The input gradient's heuristic for ``(M, in, out)``, then decode and split dot tiles."""
-  replace = dataclasses.replace
-  M = config_lib.MatmulConfig
-  base = M.get_input_grad_heuristics_config(shape, dtype)
-  dot = M._input_grad_dot_tiles(shape)  # pylint: disable=protected-access
-  out = [base] + [M(method="decode", decode_to=target) for target in config_lib.DECODE_TARGETS]
-  out += [dot, replace(dot, split_k=2 * dot.split_k),
-          replace(dot, split_k=max(1, dot.split_k // 2)), replace(dot, block_groups=32)]
-  return list(dict.fromkeys(out))
-
-
 def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   """The heuristic, then the fma grid and the dot tiles, most likely first."""
   m_rows = shape[0]
@@ -754,7 +742,8 @@ def part_matmul(args, budget, out) -> None:
     if forward:
       configs = matmul_sweep_configs((m_rows,) + shape, x_dtype)
     else:  # (M, in, out)
-      configs = input_grad_sweep_configs((m_rows, shape[1], shape[0]), x_dtype)
+      configs = config_lib.MatmulConfig.input_grad_candidates((m_rows, shape[1], shape[0]),
+                                                               x_dtype)
     configs = configs[: (2 if args.quick else None)]
     if args.before_config == "session10":  # Today's kernels at session 10's configs.
       before = session10_matmul_config((m_rows,) + (shape if forward else shape[::-1]), x_dtype,
@@ -971,49 +960,40 @@ def part_tune(args, budget, out) -> None:
 
     run_case(f"counter_update {shape[0]}x{shape[1]} {jnp.dtype(dtype).name}", tune_update)
 
-  matmul_cases = [(3, (48, 16 * 5))] if args.quick else \
-      [(m, (n, n)) for n in (4096, 8192) for m in (1, 4, 16, 256)]
-  for m_rows, shape in matmul_cases:
-    def tune_matmul(m_rows=m_rows, shape=shape):
+  M = config_lib.MatmulConfig
+  # (name, kernel, tuner, heuristic for (M, out, in), operand width of (out, in), first key).
+  products = {
+      "forward": ("ternary_matmul", matmul_kernels.ternary_matmul, tuning.tune_matmul,
+                  M.get_heuristics_config, lambda shape: shape[1], 30),
+      "input_grad": ("matmul input grad", matmul_kernels.ternary_matmul_input_grad,
+                     tuning.tune_matmul_input_grad,
+                     lambda s, dtype: M.get_input_grad_heuristics_config((s[0], s[2], s[1]),
+                                                                         dtype),
+                     lambda shape: shape[0], 50)}
+  product_cases = [("forward", 3, (48, 16 * 5), bf16), ("input_grad", 3, (48, 16 * 5), f32)] \
+      if args.quick else \
+      [("forward", m, (n, n), bf16) for n in (4096, 8192) for m in (1, 4, 16, 256)] + \
+      [("input_grad", m, (4096, 4096), dtype) for dtype in (bf16, f32) for m in (1, 4, 256)]
+  for op, m_rows, shape, dtype in product_cases:
+    name, kernel, tuner, heuristic, width, key = products[op]
+
+    def tune_product(m_rows=m_rows, shape=shape, dtype=dtype, kernel=kernel, tuner=tuner,
+                     heuristic=heuristic, width=width, key=key):
       n_copies = 2 if args.quick else max(2, _copies(shape[0] * shape[1] * 3 // 4, False))
-      packs = [make_state(jax.random.key(30 + i), *shape)[:2] for i in range(n_copies + 1)]
-      x = jax.random.normal(jax.random.key(31), (m_rows, shape[1]), bf16)
+      packs = [make_state(jax.random.key(key + i), *shape)[:2] for i in range(n_copies + 1)]
+      operand = jax.random.normal(jax.random.key(key + 1), (m_rows, width(shape)), dtype)
 
       def time_config(config):
-        call = jax.jit(functools.partial(matmul_kernels.ternary_matmul, C=C, out_dtype=bf16,
-                                         config=config, interpret=interpret))
-        busy = _harness.device_busy(call, arg_sets=[(x, *pack) for pack in packs])
+        call = jax.jit(functools.partial(kernel, C=C, out_dtype=dtype, config=config,
+                                         interpret=interpret))
+        busy = _harness.device_busy(call, arg_sets=[(operand, *pack) for pack in packs])
         return {"device_s": None if busy is None else busy["busy_ms"] / 1e3}
 
       return _tuned_and_timed(
-          lambda: tuning.tune_matmul(x, *packs[0], C=C, implementation=implementation,
-                                     repeats=repeats),
-          config_lib.MatmulConfig.get_heuristics_config((m_rows,) + shape, bf16), time_config)
+          lambda: tuner(operand, *packs[0], C=C, implementation=implementation, repeats=repeats),
+          heuristic((m_rows,) + shape, dtype), time_config)
 
-    run_case(f"ternary_matmul M={m_rows} {shape[0]}x{shape[1]} bfloat16", tune_matmul)
-
-  grad_cases = [(3, (48, 16 * 5), f32)] if args.quick else \
-      [(m, (4096, 4096), dtype) for dtype in (bf16, f32) for m in (1, 4, 256)]
-  for m_rows, shape, dtype in grad_cases:
-    def tune_input_grad(m_rows=m_rows, shape=shape, dtype=dtype):
-      n_copies = 2 if args.quick else max(2, _copies(shape[0] * shape[1] * 3 // 4, False))
-      packs = [make_state(jax.random.key(50 + i), *shape)[:2] for i in range(n_copies + 1)]
-      grad_y = jax.random.normal(jax.random.key(51), (m_rows, shape[0]), dtype)
-
-      def time_config(config):
-        call = jax.jit(functools.partial(matmul_kernels.ternary_matmul_input_grad, C=C,
-                                         out_dtype=dtype, config=config, interpret=interpret))
-        busy = _harness.device_busy(call, arg_sets=[(grad_y, *pack) for pack in packs])
-        return {"device_s": None if busy is None else busy["busy_ms"] / 1e3}
-
-      return _tuned_and_timed(
-          lambda: tuning.tune_matmul_input_grad(grad_y, *packs[0], C=C,
-                                                implementation=implementation, repeats=repeats),
-          config_lib.MatmulConfig.get_input_grad_heuristics_config(
-              (m_rows, shape[1], shape[0]), dtype), time_config)
-
-    run_case(f"matmul input grad M={m_rows} {shape[0]}x{shape[1]} {jnp.dtype(dtype).name}",
-             tune_input_grad)
+    run_case(f"{name} M={m_rows} {shape[0]}x{shape[1]} {jnp.dtype(dtype).name}", tune_product)
 
   from_io_shape = (64, 16 * 40) if args.quick else (4096, 4096)
   for m_rows in (64,) if args.quick else (1024, 4096):

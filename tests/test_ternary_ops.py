@@ -577,12 +577,6 @@ def test_bf16_pieces_sum_to_the_float32_value_exactly(rng):
   np.testing.assert_allclose(total, tiny, rtol=0, atol=2.0 ** -125)
 
 
-def _pieces_cases():
-  config = config_lib.MatmulConfig
-  return [config(block_m=16, block_n=16, block_groups=16, split_k=2),
-          config(method="decode"), config(method="decode", decode_to="int4")]
-
-
 @pytest.mark.parametrize("op", ["forward", "input_grad"])
 def test_float32_pieces_match_float32_dots(rng, op):
   """float32 operands as bfloat16 pieces give the float32 dots' result to float32 rounding.
@@ -610,7 +604,10 @@ def test_float32_pieces_match_float32_dots(rng, op):
   finite = np.isfinite(expected)
   assert finite[[0, 3, 4]].all() and not finite[1:3].all()
   atol = 1e-6 * np.abs(expected[finite]).max()
-  for config in _pieces_cases():
+  matmul_config = config_lib.MatmulConfig
+  for config in [matmul_config(block_m=16, block_n=16, block_groups=16, split_k=2),
+                 matmul_config(method="decode"),
+                 matmul_config(method="decode", decode_to="int4")]:
     for split_float32 in (True, False):
       got = np.asarray(kernel(jnp.asarray(x), packed, scale, C=C, out_dtype=jnp.float32,
                               config=dataclasses.replace(config, split_float32=split_float32),
@@ -735,7 +732,7 @@ def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
                                     config=config, interpret=True)
   expected = reference.ternary_matmul_reference(x, packed, scale, C=C, out_dtype=jnp.float32)
   np.testing.assert_allclose(np.asarray(y), np.asarray(expected), rtol=1e-5, atol=1e-4)
-  # The input gradient: dot tiles (out split for few rows), decode from 64 rows; a forward
+  # The input gradient: dot tiles (out split) for one row, decode from 2 rows; a forward
   # fma config stands for its heuristic.
   grad_y = jnp.asarray(rng.normal(size=(m_rows, out_features)), jnp.bfloat16)
   grad_config = config_lib.MatmulConfig.get_input_grad_heuristics_config(

@@ -128,8 +128,7 @@ def _dot_with_t(operand, t, dims, *, split, precision):
 def _xla_dot_with_t(operand, t, dims, *, split, precision):
   """:func:`_dot_with_t` as one XLA GEMM: the pieces stacked along the rows of ``operand``."""
   if not split:
-    return jax.lax.dot_general(operand, t, dims, precision=precision,
-                               preferred_element_type=_F32)
+    return _dot_with_t(operand, t, dims, split=False, precision=precision)
   rows = operand.shape[0]
   stacked = jnp.concatenate(bf16_pieces(operand), axis=0)
   out = jax.lax.dot_general(stacked, t, dims, preferred_element_type=_F32)
@@ -261,6 +260,12 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
 
   _store_tile(y_ref, scale_ref, acc, m0=m0, n0=n0, split=split, m_mask=m_mask, n_mask=n_mask,
               partial_sums=partial_sums)
+
+
+def _split_steps(n_steps: int, split_k: int) -> tuple[int, int]:
+  """``(steps per program, programs)`` of a reduction of ``n_steps`` cut ``split_k`` ways."""
+  steps_per_split = _cdiv(n_steps, max(1, min(split_k, n_steps)))
+  return steps_per_split, _cdiv(n_steps, steps_per_split)
 
 
 def _store_tile(y_ref, scale_ref, acc, *, m0, n0, split, m_mask, n_mask, partial_sums):
@@ -398,9 +403,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
   per_unit = layout.codes
   n_units = in_features // per_unit
   block_units = max(1, config.block_groups * 4 // per_unit)
-  n_steps = _cdiv(n_units, block_units)
-  steps_per_split = _cdiv(n_steps, max(1, min(config.split_k, n_steps)))
-  splits = _cdiv(n_steps, steps_per_split)
+  steps_per_split, splits = _split_steps(_cdiv(n_units, block_units), config.split_k)
   partial_sums = splits > 1
   x_vector = 1
   if config.method == "fma" and config.x_vector_loads:  # 16-byte loads of consecutive lanes
@@ -448,9 +451,7 @@ def ternary_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype,
                              split=split, precision=precision)
     return grad_x.astype(out_dtype)
   n_groups = in_features // 4
-  n_steps = _cdiv(out_features, config.block_n)
-  steps_per_split = _cdiv(n_steps, max(1, min(config.split_k, n_steps)))
-  splits = _cdiv(n_steps, steps_per_split)
+  steps_per_split, splits = _split_steps(_cdiv(out_features, config.block_n), config.split_k)
   partial_sums = splits > 1
   kernel = functools.partial(
       _matmul_input_grad_kernel, C=C, m_rows=m_rows, n_out=out_features, n_groups=n_groups,
