@@ -24,6 +24,7 @@ inference throughput against rank).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib
 import os
@@ -76,7 +77,78 @@ def check_cases(quick: bool, implementation: str):
               cases.append((name, functools.partial(
                   _check_one, pop, batch, out_f, in_f, kind, offset, rank, shared, antithetic,
                   implementation)))
+  cases += _fused_check_cases(quick, implementation, kinds, offsets)
   return cases
+
+
+def _fused_check_cases(quick, implementation, kinds, offsets):
+  """The Mosaic GPU forward (16-bit one-row members in antithetic pairs, Hopper) against the reference.
+
+  Shapes on its tiles, every kind and offset (``(1 << 32) - 100`` crosses a
+  window and takes the Triton path, checked too), ranks 1, 3 and 16, bias on
+  and off; two more cases off its domain (no pairs; two rows per member)
+  take the Triton path. sigma 0.5, so the noise term dominates.
+  """
+  shapes = [(128, 1, 256, 64)] if quick else [(128, 1, 256, 64), (256, 1, 768, 320),
+                                               (128, 1, 512, 4096)]
+  ranks = [1, 3, 16]
+  cases = []
+  combos = [(k, o, True) for k in kinds for o in offsets] + [(kinds[0], offsets[0], False)]
+  for i, (kind, offset, antithetic) in enumerate(combos):
+    shape = shapes[i % len(shapes)]
+    rank = ranks[i % len(ranks)]
+    bias = i % 2 == 0
+    name = (f"fused check {kind} pop={shape[0]} batch={shape[1]} out={shape[2]} in={shape[3]} "
+            f"offset={offset} rank={rank} bias={bias} anti={antithetic}")
+    cases.append((name, functools.partial(_check_fused_one, *shape, kind, offset, rank, bias,
+                                          antithetic, implementation)))
+  cases.append((f"fused check {kinds[0]} pop=128 batch=2 out=256 in=64 offset=7 rank=1 "
+                f"bias=True anti=True", functools.partial(
+                    _check_fused_one, 128, 2, 256, 64, kinds[0], 7, 1, True, True,
+                    implementation)))
+  return cases
+
+
+def _check_fused_one(pop, batch, out_f, in_f, kind, offset, rank, with_bias, antithetic,
+                     implementation):
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank  # pylint: disable=g-import-not-at-top
+  keys = jax.random.split(jax.random.key(pop * 11 + rank), 4)
+  dtype = jnp.bfloat16
+  x = jax.random.normal(keys[0], (pop, batch, in_f)).astype(dtype)
+  weight = (jax.random.normal(keys[1], (out_f, in_f)) / np.sqrt(in_f)).astype(dtype)
+  bias = jax.random.normal(keys[2], (out_f,)) if with_bias else None
+  seeds = jaxnoise.draw_seeds(keys[3], pop, antithetic=antithetic)
+  common = dict(kind=kind, antithetic=antithetic, rank=rank)
+
+  cotangent = jax.random.normal(keys[0], (pop, batch, out_f))
+  # The fused kernel at every rank (the heuristic takes it up to rank 4).
+  config = dataclasses.replace(
+      config_lib.low_rank_linear_heuristics(batch, in_f, out_f, rank, kind), fused_gemm=True)
+
+  def loss(impl, x):  # linear in y: grad_x does not amplify y's bfloat16 rounding
+    y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, 0.5, offset, out_dtype=dtype,
+                                          implementation=impl,
+                                          config=config if impl != "reference" else None,
+                                          **common)
+    return jnp.sum(y.astype(jnp.float32) * cotangent), y
+
+  grad = jax.jit(jax.grad(loss, argnums=1, has_aux=True), static_argnums=0)
+  gx, y = grad(implementation, x)
+  reference = jaxnoise.virtual_perturbed_linear(
+      x.astype(jnp.float32), weight.astype(jnp.float32), bias, seeds, 0.5, offset,
+      implementation="reference", **common)
+  rgx, _ = jax.grad(loss, argnums=1, has_aux=True)("reference", x)
+  n_indices = noise_lib.noise_block_size((out_f, in_f), rank) + (out_f if with_bias else 0)
+  reason = mosaic_gpu_low_rank.unsupported_reason(
+      x.shape, dtype, out_f, offset, n_indices, rank, antithetic, dtype, config,
+      implementation != "pallas")
+  errors = {"forward": _relative_error(y, reference), "grad_x": _relative_error(gx, rgx)}
+  worst = max(errors.values())
+  bound = 1e-2  # bfloat16 outputs: 2**-8 relative rounding
+  record = {"path": reason or "fused", "max_rel_error": worst, **errors, "ok": worst < bound}
+  if not record["ok"]:
+    raise AssertionError(f"relative error {worst:.3g} above {bound} ({record['path']}): {errors}")
+  return record
 
 
 def _check_one(pop, batch, out_f, in_f, kind, offset, rank, shared, antithetic, implementation):
@@ -187,6 +259,16 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
                         f"{' materialized' if materialize else ''}",
                         functools.partial(_jaxnoise_case, setup, rank, kind, dtype, materialize,
                                           implementation)))
+    if dtype.itemsize == 2:
+      for rank in ranks:
+        for kind in kinds:
+          triton = dataclasses.replace(
+              config_lib.low_rank_linear_heuristics(1, features, features, rank),
+              fused_gemm=False)
+          cases.append((f"jaxnoise {dtype_name} {kind} rank={rank} triton",
+                        functools.partial(_jaxnoise_case, setup, rank, kind, dtype, False,
+                                          implementation, triton, "triton")))
+
     for rank in (1, 4):
       for variant in _config_variants(features, rank):
         cases.append((f"variant {dtype_name} {kinds[0]} rank={rank} {variant}",
@@ -203,11 +285,12 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
 
 
 def _config_variants(features, rank):
-  base = config_lib.low_rank_linear_heuristics(1, features, features, rank)
+  base = dataclasses.replace(config_lib.low_rank_linear_heuristics(1, features, features, rank),
+                             fused_gemm=False)
   widths = sorted({min(features, w) for w in (1024, 2048)})
   variants = [config_lib.LowRankLinearConfig(block_batch=1, block_reduce=w, block_emit=w,
                                              num_warps=warps, num_stages=stages,
-                                             fuse_base=fuse)
+                                             fuse_base=fuse, fused_gemm=False)
               for w in widths for warps in (4, 8) for stages in (1, 2) for fuse in (False, True)]
   return [v for v in variants if v != base]
 
@@ -293,11 +376,12 @@ def _eggroll_case(eggroll, setup, rank, dtype):
           **_busy(data, forward, data["x"], data["w"])}
 
 
-def _jaxnoise_case(setup, rank, kind, dtype, materialize, implementation, config=None):
+def _jaxnoise_case(setup, rank, kind, dtype, materialize, implementation, config=None,
+                   variant="kernel"):
   data = setup()
   features = data["w"].shape[0]
   if config is None:
-    config = config_lib.low_rank_linear_heuristics(1, features, features, rank)
+    config = config_lib.low_rank_linear_heuristics(1, features, features, rank, kind)
   if materialize:
     config = config_lib.LowRankLinearConfig(materialize=True)
   fn = jax.jit(lambda x, w, seeds: jaxnoise.virtual_perturbed_linear(
@@ -306,7 +390,7 @@ def _jaxnoise_case(setup, rank, kind, dtype, materialize, implementation, config
   seconds = _harness.median_time(fn, data["x"], data["w"], data["seeds"], repeats=20)
   return {"ms": seconds * 1e3, "fraction_of_inference": _fraction(data, seconds), "rank": rank,
           "kind": kind, "dtype": str(dtype),
-          "variant": "materialized" if materialize else "kernel", "config": str(config),
+          "variant": "materialized" if materialize else variant, "config": str(config),
           **_busy(data, fn, data["x"], data["w"], data["seeds"], top=4)}
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pathlib
+import re
 import sys
 
 import jax
@@ -149,6 +150,7 @@ def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="benchmarks/out")
+  parser.add_argument("--only", default="", help="regular expression over the variants' names")
   parser.add_argument("--skip-forms", action="store_true",
                       help="only the transform, with each way of dropping a generation")
   args = parser.parse_args(argv)
@@ -168,6 +170,8 @@ def main(argv=None):
                                        ("cond state", True), ("cond state", False))]
     for label, kwargs in variants:
       name = f"{jnp.dtype(dtype).name} {label}"
+      if args.only and not re.search(args.only, name):
+        continue
       results[name] = row = measure(dtype, **kwargs)
       print(f"{name}: {row.get('busy_ms', float('nan')):.3f} ms", flush=True)
       for kernel, ms in list(row.get("kernels_ms", {}).items())[:10]:

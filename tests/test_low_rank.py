@@ -267,6 +267,148 @@ def functools_partial(fn, first):
 
 
 # ----------------------------------------------------------------------------
+# The fused Mosaic GPU forward (one-row members in antithetic pairs, Hopper).
+#
+# Its kernel runs on a Hopper GPU only (benchmarks/bench_low_rank.py --check
+# compiles it there); here its arithmetic (fused_forward_xla over the operands
+# that the Triton kernel writes, interpreted) meets the dense construction,
+# its dispatch is followed on the CPU, and the kernel is lowered for CUDA.
+
+
+def _fused_operands(x, seeds, sigma, offset, kind, rank, out_f, config=None):
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import pallas_triton_low_rank as triton  # pylint: disable=g-import-not-at-top
+  kind = noise_lib.get_kind(kind)
+  _, b_layout = triton._factor_layouts(kind, offset, out_f, x.shape[-1], rank)  # pylint: disable=protected-access
+  config = config or config_lib.LowRankLinearConfig(block_reduce=64)
+  return triton.fused_gemm_operands(x, seeds, sigma, reduce_layout=b_layout, rank=rank,
+                                    word_hi=fused.word_hi(kind, offset), config=config,
+                                    interpret=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("offset,rank,with_bias", [
+    (5, 1, True), ((1 << 32) + 7, 3, False), ((1 << 40) + 3, 2, True)])
+def test_fused_forward_arithmetic_equals_dense_perturbation(rng, kind, offset, rank, with_bias):
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  pop, out_f, in_f = 10, 37, 101
+  x = _normal(rng, (pop, 1, in_f))
+  weight, bias = _normal(rng, (out_f, in_f)) * 0.3, _normal(rng, (out_f,))
+  bias = bias if with_bias else None
+  seeds = _seeds(rng, pop, antithetic=True)
+  operands = _fused_operands(x, seeds, 0.4, offset, kind, rank, out_f)
+  y = fused.fused_forward_xla(x, weight, bias, offset, operands, kind=noise_lib.get_kind(kind),
+                              rank=rank, out_dtype=jnp.float32)
+  expected = _dense_linear(x, weight, bias, seeds, 0.4, offset, kind, True, rank)
+  np.testing.assert_allclose(y, expected, rtol=2e-5, atol=2e-5 * float(jnp.abs(expected).max()))
+
+
+def test_swar_popcount_equals_lax(rng):
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  words = jnp.asarray(np.concatenate([rng.integers(0, 1 << 32, 4096, dtype=np.uint64),
+                                      [0, 1, 0xFFFFFFFF, 0x80000000]]).astype(np.uint32))
+  np.testing.assert_array_equal(fused.popcount(words), jax.lax.population_count(words))
+
+
+def test_fused_path_dispatch(rng, monkeypatch):
+  """On a (pretended) Hopper GPU an eligible call takes the fused route, operands and all."""
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def fake_kernel(x, weight, bias, offset, operands, *, kind, rank, out_dtype, config):
+    calls.append(config)
+    return fused.fused_forward_xla(x, weight, bias, offset, operands, kind=kind, rank=rank,
+                                   out_dtype=out_dtype)
+
+  monkeypatch.setattr(fused, "unsupported_reason", lambda *args: None)
+  monkeypatch.setattr(fused, "fused_forward", fake_kernel)
+  pop, out_f, in_f = 8, 24, 70
+  x = _normal(rng, (pop, 1, in_f), jnp.bfloat16)
+  weight, bias = _normal(rng, (out_f, in_f), jnp.bfloat16), _normal(rng, (out_f,))
+  seeds = _seeds(rng, pop, antithetic=True)
+  y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, 0.3, 11, kind="binomial",
+                                        antithetic=True, rank=2, out_dtype=jnp.float32,
+                                        implementation="interpret")
+  assert len(calls) == 1
+  expected = _dense_linear(x, weight, bias, seeds, 0.3, 11, "binomial", True, 2)
+  np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4 * float(jnp.abs(expected).max()))
+
+
+def test_fused_path_eligibility_names_the_reason(monkeypatch):
+  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  config = config_lib.LowRankLinearConfig()
+  bf16 = jnp.bfloat16
+
+  def reason(shape=(256, 1, 512), dtype=bf16, out_f=512, offset=0, rank=1, antithetic=True,
+             cfg=config, interpret=False):
+    n = noise_lib.noise_block_size((out_f, shape[-1]), rank)
+    return fused.unsupported_reason(shape, dtype, out_f, offset, n, rank, antithetic, bf16, cfg,
+                                    interpret)
+
+  assert "Hopper" in reason(interpret=True)
+  monkeypatch.setattr(_mosaic, "is_hopper", lambda: True)
+  assert reason() is None
+  assert "fused_gemm" in reason(cfg=config_lib.LowRankLinearConfig(fused_gemm=False))
+  assert "one row per member" in reason(shape=(256, 2, 512))
+  assert "antithetic" in reason(antithetic=False)
+  assert "float32" in reason(dtype=jnp.float32)
+  assert "pop = 192" in reason(shape=(192, 1, 512))
+  assert "out = 384" in reason(out_f=384)
+  assert "in = 500" in reason(shape=(256, 1, 500))
+  assert "2**32" in reason(offset=(1 << 32) - 100)
+  assert reason(offset=(1 << 40) + 3) is None
+  assert "rank" in reason(rank=config_lib.MAX_KERNEL_RANK + 1)
+
+
+@pytest.mark.parametrize("kind,with_bias,rank", [
+    ("binomial", True, 1), ("binomial", False, 4), ("rademacher", True, 3), ("normal", False, 2),
+    ("uniform", True, 1)])
+def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank):
+  """The Pallas-to-Mosaic GPU translation of the kernel (and its shared-memory check) on a CPU."""
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  pop, out_f, in_f, pairs = 256, 512, 320, 128
+  config = config_lib.LowRankLinearConfig()
+
+  def forward(x, weight, bias, keys, coef, bias_coef):
+    return fused.fused_forward(x, weight, bias if with_bias else None, (1 << 40) + 3,
+                               (keys, coef, bias_coef), kind=noise_lib.get_kind(kind),
+                               rank=rank, out_dtype=jnp.bfloat16, config=config, num_sms=132)
+
+  avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
+      ((pop, 1, in_f), jnp.bfloat16), ((out_f, in_f), jnp.bfloat16), ((out_f,), jnp.float32),
+      ((2, pairs), jnp.uint32), ((rank, 2, pairs), jnp.float32), ((2, pairs), jnp.float32)]]
+  lowered = jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+
+
+@pytest.mark.parametrize("field,value", [("gemm_tile_n", 96), ("gemm_tile_k", 32),
+                                         ("gemm_stages", 0), ("gemm_grid_width", 1.5)])
+def test_fused_gemm_config_is_validated(field, value):
+  with pytest.raises(ValueError, match=field):
+    config_lib.LowRankLinearConfig(**{field: value}).validate()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_forward_compiled_on_hopper(rng, kind):
+  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
+  if not _mosaic.is_hopper():
+    pytest.skip("needs a Hopper GPU")
+  pop, out_f, in_f = 128, 256, 192
+  x = _normal(rng, (pop, 1, in_f), jnp.bfloat16)
+  weight = _normal(rng, (out_f, in_f), jnp.bfloat16) * 0.1
+  bias = _normal(rng, (out_f,))
+  seeds = _seeds(rng, pop, antithetic=True)
+  y = jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
+      x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind=kind, antithetic=True, rank=2,
+      out_dtype=jnp.bfloat16, implementation="pallas"))(x)
+  expected = _dense_linear(x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind, True, 2)
+  np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
+                             atol=1e-2 * float(jnp.abs(expected).max()))
+
+
+# ----------------------------------------------------------------------------
 # Per-individual functions, nn, optim.
 
 

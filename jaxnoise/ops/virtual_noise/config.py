@@ -301,6 +301,18 @@ class LowRankLinearConfig:
       writes the sum (False: it writes the noise term and XLA adds it, which
       measured slower on an H200).
       Shared x always adds its small ``(batch, out)`` GEMM in the kernel.
+    fused_gemm: on a Hopper GPU, per-individual 16-bit x runs one Mosaic GPU
+      GEMM that adds the noise term in its epilogue
+      (:mod:`jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank`; ``x_i B_i``
+      from this kernel's reduce phase first). Calls it cannot take (other
+      GPUs, float32, shapes off its tiles) run the kernel above.
+    gemm_tile_n: outputs per compute warpgroup of the fused GEMM (a program
+      covers twice as many; 64 or more, a power of two).
+    gemm_tile_k: contracted features per pipeline step of the fused GEMM.
+    gemm_stages: the fused GEMM's pipeline depth (lowered to what fits in
+      shared memory).
+    gemm_grid_width: the fused GEMM's tile order: bands of this many row
+      tiles, walked column by column (L2 reuse of ``W``).
   """
 
   block_batch: int = 1
@@ -310,11 +322,21 @@ class LowRankLinearConfig:
   num_stages: int = 2
   materialize: bool = False
   fuse_base: bool = True
+  fused_gemm: bool = True
+  gemm_tile_n: int = 128
+  gemm_tile_k: int = 64
+  gemm_stages: int = 4
+  gemm_grid_width: int = 4
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")
     _check_pow2(self, "block_reduce", "block_emit", minimum=32)
+    _check_pow2(self, "gemm_tile_n", "gemm_tile_k", minimum=64)
     _check_warps_stages(self)
+    for name in ("gemm_stages", "gemm_grid_width"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"LowRankLinearConfig.{name} must be a positive int, got {value!r}")
     return self
 
 
@@ -323,8 +345,8 @@ class LowRankLinearConfig:
 MAX_KERNEL_RANK = 16
 
 
-def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int,
-                               rank: int) -> LowRankLinearConfig:
+def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int,
+                               kind: str | None = None) -> LowRankLinearConfig:
   """Register tiles of 4096 elements, the batch up to 16 rows; 8 warps above rank 1.
 
   From the H200 sweep of device time (CUPTI kernel durations, no host
@@ -336,15 +358,24 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int,
   third pipeline stage made no difference. Reading the GEMM's output in the
   kernel (``fuse_base``) was faster than XLA's separate add in 13 of 16
   paired configs of an earlier sweep.
+
+  The fused Mosaic GPU GEMM (``fused_gemm``, where a call is eligible) up to
+  rank 4, except ``"rademacher"`` at rank 4 (session 12, bf16, same shape:
+  95.0% of inference at rank 1 in "binomial" against 92.9% for the Triton
+  path, 86.3% against 84.7% at rank 4; "rademacher" at rank 4 86.0% against
+  87.8%; from rank 8 its epilogue is slower than the Triton kernel, 0.307
+  against 0.230 ms at rank 8).
   """
   block_batch = min(16, next_pow2(batch))
   width = max(32, 4096 // block_batch)
   block_reduce = min(width, max(32, next_pow2(n_reduce)))
   block_emit = min(width, max(32, next_pow2(n_emit)))
+  fused_gemm = rank <= 2 or (rank <= 4 and kind != "rademacher")
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
                              block_emit=block_emit, num_warps=4 if rank == 1 else 8,
                              num_stages=1,
-                             materialize=rank > MAX_KERNEL_RANK, fuse_base=True)
+                             materialize=rank > MAX_KERNEL_RANK, fuse_base=True,
+                             fused_gemm=fused_gemm)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ summation order does not depend on the number of rows (:func:`tile_products`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -30,6 +31,7 @@ from jax.experimental import pallas as pl
 from jaxnoise import noise as noise_lib
 from jaxnoise.ops import _pallas
 from jaxnoise.ops.virtual_noise import config as config_lib
+from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank
 from jaxnoise.ops.virtual_noise import reference
 from jaxnoise.ops.virtual_noise.pallas_triton import NoiseLayout
 from jaxnoise.ops.virtual_noise.pallas_triton import _RowStart
@@ -77,31 +79,26 @@ def _factor_run(layout: NoiseLayout, keys, start: _RowStart, col0, n: int) -> ja
   return (1 - 2 * bits).astype(_F32).reshape(1, n)
 
 
-def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *,
-                     reduce_layout: NoiseLayout, emit_layout: NoiseLayout, rank: int,
-                     shared_v: bool, antithetic: bool, batch: int, n_reduce: int, n_emit: int,
-                     bias_offset: int | None, config: config_lib.LowRankLinearConfig):
-  block_batch = config.block_batch
-  block_reduce, block_emit = config.block_reduce, config.block_emit
-  kind = reduce_layout.kind
-  pair = 2 if antithetic else 1
-  n_inputs = 1 if shared_v else pair
-  first = pl.program_id(0) * pair
-  batch0 = pl.program_id(1) * block_batch
-  seed = seeds_ref[first]
-  batch_ok = (batch0 + jax.lax.iota(jnp.int32, block_batch))[:, None] < batch
+def _component_streams(layout: NoiseLayout, seed, rank: int):
+  """Row starts and stream keys of the ``rank`` factor vectors of one side."""
+  starts = [_row_start(layout, jnp.full((1, 1), c, _U32)) for c in range(rank)]
+  if not layout.high_word:
+    keys = _stream_keys(layout, seed, starts[0])
+    return starts, [keys] * rank
+  return starts, [_stream_keys(layout, seed, start) for start in starts]
 
-  def component_streams(layout):
-    starts = [_row_start(layout, jnp.full((1, 1), c, _U32)) for c in range(rank)]
-    if not layout.high_word:
-      keys = _stream_keys(layout, seed, starts[0])
-      return starts, [keys] * rank
-    return starts, [_stream_keys(layout, seed, start) for start in starts]
 
-  reduce_starts, reduce_keys = component_streams(reduce_layout)
-  emit_starts, emit_keys = component_streams(emit_layout)
+def _reduce_factor_dots(v_ref, seed, *, reduce_layout: NoiseLayout, rank: int, shared_v: bool,
+                        n_inputs: int, first, batch0, batch_ok, n_reduce: int,
+                        config: config_lib.LowRankLinearConfig):
+  """``v_i . q(f_c)`` for the program's inputs and components: ``(block_batch, 1)`` each.
 
-  def reduce_body(step, accs):
+  Ordered member-major (``[member * rank + c]``); ``q`` is unscaled.
+  """
+  block_batch, block_reduce = config.block_batch, config.block_reduce
+  starts, keys = _component_streams(reduce_layout, seed, rank)
+
+  def body(step, accs):
     col0 = step * block_reduce
     cols_ok = (col0 + jax.lax.iota(jnp.int32, block_reduce))[None, :] < n_reduce
     tiles = []
@@ -111,14 +108,32 @@ def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *
       tiles.append(_pallas.load(ref, mask=batch_ok & cols_ok, other=0).astype(_F32))
     new = list(accs)
     for c in range(rank):
-      factor_q = _factor_run(reduce_layout, reduce_keys[c], reduce_starts[c], col0,
-                             block_reduce)
+      factor_q = _factor_run(reduce_layout, keys[c], starts[c], col0, block_reduce)
       for member in range(n_inputs):
         new[member * rank + c] += jnp.sum(tiles[member] * factor_q, axis=1, keepdims=True)
     return tuple(new)
 
   zeros = tuple(jnp.zeros((block_batch, 1), _F32) for _ in range(n_inputs * rank))
-  accs = jax.lax.fori_loop(0, pl.cdiv(n_reduce, block_reduce), reduce_body, zeros)
+  return jax.lax.fori_loop(0, pl.cdiv(n_reduce, block_reduce), body, zeros)
+
+
+def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *,
+                     reduce_layout: NoiseLayout, emit_layout: NoiseLayout, rank: int,
+                     shared_v: bool, antithetic: bool, batch: int, n_reduce: int, n_emit: int,
+                     bias_offset: int | None, config: config_lib.LowRankLinearConfig):
+  block_batch = config.block_batch
+  block_emit = config.block_emit
+  kind = reduce_layout.kind
+  pair = 2 if antithetic else 1
+  n_inputs = 1 if shared_v else pair
+  first = pl.program_id(0) * pair
+  batch0 = pl.program_id(1) * block_batch
+  seed = seeds_ref[first]
+  batch_ok = (batch0 + jax.lax.iota(jnp.int32, block_batch))[:, None] < batch
+  accs = _reduce_factor_dots(v_ref, seed, reduce_layout=reduce_layout, rank=rank,
+                             shared_v=shared_v, n_inputs=n_inputs, first=first, batch0=batch0,
+                             batch_ok=batch_ok, n_reduce=n_reduce, config=config)
+  emit_starts, emit_keys = _component_streams(emit_layout, seed, rank)
   # Both factors carry the kind's scale; 1 / sqrt(r) keeps unit variance.
   factor = sigma_ref[0] * _F32(kind.scale * kind.scale / (rank ** 0.5))
 
@@ -189,9 +204,67 @@ def _low_rank_term(v, seeds, sigma, *, base, bias, reduce_layout, emit_layout, r
   return call(*[operand for operand in operands if operand is not None])
 
 
-def _low_rank_config(config, batch: int, n_reduce: int, n_emit: int, rank: int):
+def _fused_operands_kernel(x_ref, seeds_ref, sigma_ref, keys_ref, coef_ref, bias_coef_ref, *,
+                           reduce_layout: NoiseLayout, rank: int, n_reduce: int, word_hi: int,
+                           config: config_lib.LowRankLinearConfig):
+  pair = pl.program_id(0)
+  seed = seeds_ref[2 * pair]
+  accs = _reduce_factor_dots(x_ref, seed, reduce_layout=reduce_layout, rank=rank,
+                             shared_v=False, n_inputs=2, first=2 * pair, batch0=0,
+                             batch_ok=jnp.ones((1, 1), jnp.bool_), n_reduce=n_reduce,
+                             config=config)
+  kind = reduce_layout.kind
+  noise_scale = sigma_ref[0] * _F32(kind.scale)
+  factor = sigma_ref[0] * _F32(kind.scale * kind.scale / (rank ** 0.5))
+  at = pl.ds(pair, 1)
+  for sign in range(2):
+    flip = _F32(1.0 - 2.0 * sign)
+    for c in range(rank):
+      _pallas.store(coef_ref.at[jnp.int32(c), jnp.int32(sign), at],
+                    (flip * factor) * accs[sign * rank + c][0])
+    _pallas.store(bias_coef_ref.at[jnp.int32(sign), at], jnp.full((1,), flip * noise_scale))
+  multiplier, increment = noise_lib.stream_keys(seed, _U32(word_hi))
+  _pallas.store(keys_ref.at[jnp.int32(0), at], jnp.full((1,), multiplier, _U32))
+  _pallas.store(keys_ref.at[jnp.int32(1), at], jnp.full((1,), increment, _U32))
+
+
+def fused_gemm_operands(x, seeds, sigma, *, reduce_layout: NoiseLayout, rank: int, word_hi: int,
+                        config: config_lib.LowRankLinearConfig, interpret: bool = False):
+  """Per-pair operands of the fused Mosaic GPU forward, from the reduce phase of this kernel.
+
+  ``x`` is ``(pop, 1, in)`` with antithetic pairs. One program per pair
+  contracts both rows with the pair's ``B`` factor vectors and writes:
+
+  * ``keys``: uint32 ``(2, pop / 2)``, the stream multiplier and increment
+    of the pair's seed at high word ``word_hi`` (:func:`jaxnoise.noise.stream_keys`);
+  * ``coef``: float32 ``(r, 2, pop / 2)``,
+    ``s sigma scale^2 / sqrt(r) * (x_i . q(B_c))`` for the ``+`` and ``-`` member;
+  * ``bias_coef``: float32 ``(2, pop / 2)``, ``s sigma scale``.
+
+  No XLA work is left between this kernel and the GEMM.
+  """
+  pop, _, n_reduce = x.shape
+  n_pairs = pop // 2
+  config = dataclasses.replace(config, block_batch=1)
+  kernel = functools.partial(_fused_operands_kernel, reduce_layout=reduce_layout, rank=rank,
+                             n_reduce=n_reduce, word_hi=word_hi, config=config)
+  return _pallas.pallas_call(
+      kernel,
+      out_shape=(jax.ShapeDtypeStruct((2, n_pairs), _U32),
+                 jax.ShapeDtypeStruct((rank, 2, n_pairs), _F32),
+                 jax.ShapeDtypeStruct((2, n_pairs), _F32)),
+      grid=(n_pairs,),
+      interpret=interpret,
+      compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
+      name="virtual_low_rank_fused_operands",
+  )(x, seeds, jnp.reshape(sigma, (1,)).astype(_F32))
+
+
+def _low_rank_config(config, batch: int, n_reduce: int, n_emit: int, rank: int,
+                     kind: noise_lib.NoiseKind):
   if config is None:
-    return config_lib.low_rank_linear_heuristics(batch, n_reduce, n_emit, rank).validate()
+    return config_lib.low_rank_linear_heuristics(batch, n_reduce, n_emit, rank,
+                                                 kind.name).validate()
   if not isinstance(config, config_lib.LowRankLinearConfig):
     raise TypeError(f"config of a low-rank op must be a LowRankLinearConfig or None, got "
                     f"{type(config).__name__}")
@@ -210,13 +283,22 @@ def low_rank_perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, an
   """
   out_features, in_features = weight.shape
   batch = x.shape[-2]
-  config = _low_rank_config(config, batch, in_features, out_features, rank)
+  config = _low_rank_config(config, batch, in_features, out_features, rank, kind)
   bias_offset = offset + noise_lib.noise_block_size(weight.shape, rank)
   if config.materialize or rank > config_lib.MAX_KERNEL_RANK:
       return reference.perturbed_linear_reference(
         x, weight, bias, seeds, sigma, offset, kind=kind, antithetic=antithetic,
         out_dtype=out_dtype, rank=rank, precision=None)
   a_layout, b_layout = _factor_layouts(kind, offset, out_features, in_features, rank)
+  n_indices = noise_lib.noise_block_size(weight.shape, rank) + (0 if bias is None else out_features)
+  if mosaic_gpu_low_rank.unsupported_reason(x.shape, x.dtype, out_features, offset, n_indices,
+                                            rank, antithetic, out_dtype, config,
+                                            interpret) is None:
+    operands = fused_gemm_operands(x, seeds, sigma, reduce_layout=b_layout, rank=rank,
+                                   word_hi=mosaic_gpu_low_rank.word_hi(kind, offset),
+                                   config=config, interpret=interpret)
+    return mosaic_gpu_low_rank.fused_forward(x, weight, bias, offset, operands, kind=kind,
+                                             rank=rank, out_dtype=out_dtype, config=config)
   # A 16-bit output takes 16-bit partial results: XLA's GEMM writes that dtype anyway.
   term_dtype = out_dtype if jnp.dtype(out_dtype).itemsize == 2 else _F32
   w = weight.astype(x.dtype) if x.dtype != weight.dtype else weight
@@ -242,7 +324,7 @@ def low_rank_input_grad(grad_out, weight, seeds, sigma, offset, *, kind, antithe
   """
   _, batch, out_features = grad_out.shape
   in_features = weight.shape[1]
-  config = _low_rank_config(config, batch, out_features, in_features, rank)
+  config = _low_rank_config(config, batch, out_features, in_features, rank, kind)
   if shared_x or config.materialize or rank > config_lib.MAX_KERNEL_RANK:
     return reference.perturbed_linear_input_grad_reference(
         grad_out, weight, seeds, sigma, offset, kind=kind, antithetic=antithetic,

@@ -1,0 +1,362 @@
+"""Pallas kernel (Mosaic GPU backend, Hopper) of the low-rank forward: one GEMM, noise in its epilogue.
+
+EGGROLL's setting: every member one input row, members in antithetic pairs
+(``2j`` and ``2j + 1`` share ``A_j``, ``B_j`` with signs ``+1`` / ``-1``).
+Member ``i``'s output is
+
+    y_i = x_i W^T + b + s_i sigma [scale^2 (x_i B_i) A_i^T / sqrt(r) + scale q_bias]
+
+(:mod:`jaxnoise.noise`, "Low-rank layout"). The Triton path runs XLA's GEMM
+and then a kernel that reads its output, hashes ``A_i`` and writes the sum:
+one more pass over the output, which capped it near 94% of the GEMM alone on
+an H200 (``benchmarks/RESULTS.md``, session 4). Here one warp-specialised,
+persistent Mosaic GPU GEMM computes ``x W^T`` with ``wgmma`` (``W`` read as
+stored, ``(out, in)``, through a transposed shared-memory view) and, before
+a tile leaves the registers, adds the noise.
+
+The pair shares its noise, so the GEMM keeps the pair's two rows in two
+accumulators: ``x`` is viewed (for free) as ``(pop / 2, 2 * in)``, whose
+row ``j`` is ``[x_2j | x_2j+1]``, and each program multiplies 64 pairs'
+``+`` halves and ``-`` halves into two ``(64, tile_n)`` accumulators. Every
+noise value is then hashed once per pair and added to both, with opposite
+signs; the output is written as ``(pop / 2, 2 * out)``, the same bytes as
+``(pop, out)``. ``x_i B_i`` (and the per-pair stream keys) come first from a
+Triton kernel (:func:`pallas_triton_low_rank.fused_gemm_operands`).
+
+Same noise as every other path, bit for bit: :func:`tile_noise` is the
+library's hash (:func:`jaxnoise.noise.hash_word` and the kind's integer
+``q``) and a CPU test compares :func:`fused_forward_xla`, the same
+arithmetic on whole arrays, with the reference.
+
+Eligible calls (:func:`unsupported_reason` says why not; the caller then
+takes the Triton path): a Hopper GPU; 16-bit x with one row per member in
+antithetic pairs; ``pop`` a multiple of 128, ``out`` of ``2 * gemm_tile_n``
+and ``in`` of ``gemm_tile_k``; the layer's noise indices within one
+``2**32`` window (in models of more than 4.3G parameters, the one layer
+per window boundary takes the Triton path).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jaxnoise import noise as noise_lib
+from jaxnoise.ops import _mosaic
+from jaxnoise.ops.virtual_noise import config as config_lib
+
+_U32 = jnp.uint32
+_F32 = jnp.float32
+
+# Antithetic pairs per tile: one wgmma row group of 64 per sign.
+TILE_PAIRS = 64
+_STORE_COLS = 64
+_COMPUTE_WARPGROUPS = 2
+
+
+def popcount(words: jax.Array) -> jax.Array:
+  """Bits set in each uint32 word (SWAR), equal to ``lax.population_count``."""
+  words = words - ((words >> _U32(1)) & _U32(0x55555555))
+  words = (words & _U32(0x33333333)) + ((words >> _U32(2)) & _U32(0x33333333))
+  words = (words + (words >> _U32(4))) & _U32(0x0F0F0F0F)
+  return (words * _U32(0x01010101)) >> _U32(24)
+
+
+def _unscaled(kind: noise_lib.NoiseKind, words: jax.Array, lane) -> jax.Array:
+  """The kind's integer-valued ``q`` (float32), as :meth:`NoiseKind.unscaled`."""
+  if kind.name == "binomial":
+    ones = lax.bitcast_convert_type(popcount(words) | _U32(noise_lib._BINOMIAL_BITS), _F32)  # pylint: disable=protected-access
+    return ones - _F32(noise_lib._BINOMIAL_CENTRE)  # pylint: disable=protected-access
+  if kind.name == "rademacher":
+    bit = (words >> lane) & _U32(1)
+    return _F32(1.0) - _F32(2.0) * bit.astype(_F32)
+  return kind.unscaled(words, lane)
+
+
+def tile_noise(kind: noise_lib.NoiseKind, index_hi: int, start_lo: int, cols: jax.Array,
+               multiplier: jax.Array, increment: jax.Array) -> jax.Array:
+  """Integer-valued ``q`` at indices ``index_hi * 2**32 + start_lo + cols``.
+
+  Args:
+    kind: the noise kind.
+    index_hi: the high 32 bits shared by every index (static).
+    start_lo: the low 32 bits of the first index (static); ``start_lo + cols``
+      must not pass ``2**32`` (:func:`window_fits`).
+    cols: uint32 column offsets (any shape).
+    multiplier: uint32 stream multipliers (broadcast against ``cols``):
+      :func:`jaxnoise.noise.stream_keys` of the member's seed and
+      :func:`word_hi`.
+    increment: the matching increments.
+
+  Returns:
+    float32 ``q`` of ``cols``' shape (the kind's scale not applied).
+  """
+  index_lo = cols + _U32(start_lo)
+  shift = kind.log2_values_per_word
+  lane = None
+  if shift:
+    lane = index_lo & _U32((1 << shift) - 1)
+    high_bits = (index_hi << (32 - shift)) & 0xFFFFFFFF
+    index_lo = (index_lo >> _U32(shift)) | _U32(high_bits)
+  return _unscaled(kind, noise_lib.hash_word(multiplier, increment, index_lo), lane)
+
+
+def word_hi(kind: noise_lib.NoiseKind, offset: int) -> int:
+  """The high word of the word index of ``offset`` (shared by a window, :func:`window_fits`)."""
+  return (offset >> 32) >> kind.log2_values_per_word
+
+
+def window_fits(offset: int, n_indices: int) -> bool:
+  """Whether indices ``[offset, offset + n_indices)`` share their high 32 bits."""
+  return n_indices <= 0 or (offset >> 32) == ((offset + n_indices - 1) >> 32)
+
+
+def pipeline_stages(config: config_lib.LowRankLinearConfig, itemsize: int,
+                    out_itemsize: int) -> int:
+  """Deepest pipeline (at most ``config.gemm_stages``) whose tiles fit in shared memory; 0 if none."""
+  per_stage = (2 * TILE_PAIRS + _COMPUTE_WARPGROUPS * config.gemm_tile_n) * config.gemm_tile_k
+  fixed = _COMPUTE_WARPGROUPS * 2 * TILE_PAIRS * _STORE_COLS * out_itemsize + 4096
+  fitting = (_mosaic.SHARED_MEMORY_BYTES - fixed) // (per_stage * itemsize)
+  return max(0, min(config.gemm_stages, fitting))
+
+
+def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indices: int,
+                       rank: int, antithetic: bool, out_dtype,
+                       config: config_lib.LowRankLinearConfig, interpret: bool) -> str | None:
+  """Why the fused Mosaic GPU forward cannot run this call (None if it can)."""
+  if not config.fused_gemm:
+    return "config.fused_gemm is False"
+  if interpret or not _mosaic.is_hopper():
+    return "needs a Hopper GPU (compute capability 9.x)"
+  if len(x_shape) != 3 or x_shape[1] != 1:
+    return f"needs per-individual x with one row per member, got shape {tuple(x_shape)}"
+  if not antithetic:
+    return "needs antithetic pairs"
+  if jnp.dtype(x_dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"needs bfloat16 or float16 x, got {jnp.dtype(x_dtype).name}"
+  pop, _, in_features = x_shape
+  if pop % (2 * TILE_PAIRS):
+    return f"pop = {pop} is not a multiple of {2 * TILE_PAIRS}"
+  if out_features % (_COMPUTE_WARPGROUPS * config.gemm_tile_n):
+    return (f"out = {out_features} is not a multiple of "
+            f"{_COMPUTE_WARPGROUPS * config.gemm_tile_n}")
+  if in_features % config.gemm_tile_k:
+    return f"in = {in_features} is not a multiple of {config.gemm_tile_k}"
+  if rank > config_lib.MAX_KERNEL_RANK:
+    return f"rank {rank} > {config_lib.MAX_KERNEL_RANK}"
+  if not window_fits(offset, n_indices):
+    return "the layer's noise indices cross a multiple of 2**32"
+  if pipeline_stages(config, jnp.dtype(x_dtype).itemsize, jnp.dtype(out_dtype).itemsize) < 2:
+    return "the tiles do not fit twice in shared memory"
+  return None
+
+
+def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *,
+                   kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
+                   bias_start: int | None):
+  """The epilogue on a pair's ``(plus, minus)`` accumulators; each noise value hashed once.
+
+  ``plus += sum_c coef_c^+ q(A_c) [+ bias + bias_coef^+ q(bias)]``, the same
+  for ``minus`` with its coefficients (which carry the sign). Operands
+  broadcast against the accumulators (rows: pairs; columns: outputs):
+  ``cols`` holds the output index, ``multiplier`` / ``increment`` and each
+  ``(plus, minus)`` coefficient are per pair, ``bias`` per column. The
+  kernel passes register tiles, :func:`fused_forward_xla` whole arrays.
+  """
+  plus, minus = accs
+  for (coef_plus, coef_minus), start in zip(coefs, a_starts):
+    q = tile_noise(kind, index_hi, start, cols, multiplier, increment)
+    plus, minus = plus + coef_plus * q, minus + coef_minus * q
+  if bias_start is not None:
+    q = tile_noise(kind, index_hi, bias_start, cols, multiplier, increment)
+    plus = plus + (bias + bias_coefs[0] * q)
+    minus = minus + (bias + bias_coefs[1] * q)
+  return plus, minus
+
+
+def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
+                    kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
+                    bias_start: int | None, config: config_lib.LowRankLinearConfig,
+                    stages: int):
+  bias_gmem, bias_coef_gmem, out_gmem = refs if bias_start is not None else (None, None) + refs
+  n_pairs, depth = x_gmem.shape[0], x_gmem.shape[1] // 2
+  n_out = w_gmem.shape[0]
+  tile_n, tile_k = config.gemm_tile_n, config.gemm_tile_k
+  cta_n = _COMPUTE_WARPGROUPS * tile_n
+  itemsize = jnp.dtype(x_gmem.dtype).itemsize
+  swizzle = plgpu.find_swizzle(tile_k * itemsize * 8)
+  transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
+  out_itemsize = jnp.dtype(out_gmem.dtype).itemsize
+  out_swizzle = plgpu.find_swizzle(_STORE_COLS * out_itemsize * 8)
+  out_transforms = (plgpu.TilingTransform((8, out_swizzle // out_itemsize)),
+                    plgpu.SwizzleTransform(out_swizzle))
+  m_tiles, n_tiles = n_pairs // TILE_PAIRS, n_out // cta_n
+  x_spec = plgpu.BlockSpec((TILE_PAIRS, tile_k), lambda k: (0, k), transforms=transforms,
+                           memory_space=plgpu.SMEM)
+
+  def pipeline(body, context):
+    return plgpu.emit_pipeline_warp_specialized(
+        body, grid=(depth // tile_k,), memory_registers=40,
+        in_specs=[x_spec, x_spec,
+                  plgpu.BlockSpec((cta_n, tile_k), lambda k: (0, k), transforms=transforms,
+                                  memory_space=plgpu.SMEM)],
+        wg_axis="wg", num_compute_wgs=_COMPUTE_WARPGROUPS, max_concurrent_steps=stages,
+        compute_context=context)
+
+  def ignore(*_, **__):
+    return None
+
+  x_plus, x_minus = x_gmem.at[:, pl.ds(0, depth)], x_gmem.at[:, pl.ds(depth, depth)]
+
+  @functools.partial(
+      pl.run_scoped,
+      allocations=pipeline(ignore, ignore).get_allocations(x_plus, x_minus, w_gmem),
+      out_smem=plgpu.SMEM((_COMPUTE_WARPGROUPS, 2, TILE_PAIRS, _STORE_COLS), out_gmem.dtype,
+                          transforms=out_transforms),
+      collective_axes="wg")
+  def _scope(allocations, out_smem):
+    wg = lax.axis_index("wg")
+
+    @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
+    def _tile(info):
+      (linear,) = info.index
+      m_index, n_index = plgpu.planar_snake(linear, (m_tiles, n_tiles), 1,
+                                            config.gemm_grid_width)
+      pair0 = m_index * TILE_PAIRS
+      col0 = n_index * cta_n + wg * tile_n
+      pairs_at = pl.ds(pair0, TILE_PAIRS)
+      shape = (TILE_PAIRS, tile_n)
+
+      def per_pair(ref):
+        return lax.broadcast_in_dim(_mosaic.load_rows(ref), shape, [0])
+
+      def epilogue(accs):
+        cols = lax.bitcast_convert_type(
+            plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + col0, _U32)
+        bias = bias_coefs = None
+        if bias_start is not None:
+          bias = lax.broadcast_in_dim(
+              _mosaic.load_columns(bias_gmem.at[pl.ds(col0, tile_n)]), shape, [1])
+          bias_coefs = [per_pair(bias_coef_gmem.at[s, pairs_at]) for s in range(2)]
+        coefs = [[per_pair(coef_gmem.at[c, s, pairs_at]) for s in range(2)]
+                 for c in range(len(a_starts))]
+        return add_pair_noise(accs, cols, per_pair(keys_gmem.at[0, pairs_at]),
+                              per_pair(keys_gmem.at[1, pairs_at]), coefs, bias, bias_coefs,
+                              kind=kind, index_hi=index_hi, a_starts=a_starts,
+                              bias_start=bias_start)
+
+      def context(run_pipeline):
+        @functools.partial(pl.run_scoped, plus_ref=plgpu.ACC(shape, _F32),
+                           minus_ref=plgpu.ACC(shape, _F32))
+        def _accumulate(plus_ref, minus_ref):
+          run_pipeline((plus_ref, minus_ref))
+          outs = epilogue((plus_ref[...], minus_ref[...]))
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+          for i, (sign, c) in enumerate((s, c) for c in range(tile_n // _STORE_COLS)
+                                        for s in range(2)):
+            slot = i % 2
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            out_smem[wg, slot] = outs[sign][:, c * _STORE_COLS:(c + 1) * _STORE_COLS].astype(
+                out_gmem.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(
+                out_smem.at[wg, slot],
+                out_gmem.at[pairs_at, pl.ds(sign * n_out + col0 + c * _STORE_COLS, _STORE_COLS)])
+
+      def multiply(_, plus_smem, minus_smem, w_smem, accs):
+        w_tile = w_smem.at[pl.ds(wg * tile_n, tile_n)].transpose((1, 0))
+        plgpu.wgmma(accs[0], plus_smem, w_tile)
+        plgpu.wgmma(accs[1], minus_smem, w_tile)
+        plgpu.wgmma_wait(0)
+        return accs
+
+      pipeline(multiply, context)(x_plus.at[pairs_at], x_minus.at[pairs_at],
+                                  w_gmem.at[pl.ds(n_index * cta_n, cta_n), :],
+                                  allocations=allocations)
+
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _statics(kind: noise_lib.NoiseKind, weight_shape, offset: int, rank: int, with_bias: bool):
+  out_features, in_features = weight_shape
+  width = out_features + in_features
+  bias_start = None
+  if with_bias:
+    bias_start = (offset + noise_lib.noise_block_size(weight_shape, rank)) & 0xFFFFFFFF
+  return dict(kind=kind, index_hi=offset >> 32,
+              a_starts=tuple((offset + c * width) & 0xFFFFFFFF for c in range(rank)),
+              bias_start=bias_start)
+
+
+def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.NoiseKind,
+                  rank: int, out_dtype, config: config_lib.LowRankLinearConfig,
+                  num_sms: int | None = None):
+  """``(pop, 1, out)`` low-rank forward of one-row members in antithetic pairs, one Mosaic GEMM.
+
+  Args:
+    x: ``(pop, 1, in)`` bfloat16 or float16.
+    weight: ``(out, in)``, cast to ``x``'s dtype.
+    bias: ``(out,)`` or None.
+    offset: the block's first noise index (static).
+    operands: ``(keys, coef, bias_coef)`` from
+      :func:`pallas_triton_low_rank.fused_gemm_operands`.
+    kind: the noise kind.
+    rank: ``r``.
+    out_dtype: the output dtype.
+    config: tiles (``gemm_*`` fields); :func:`unsupported_reason` must be None.
+    num_sms: persistent programs (default: the device's multiprocessor count).
+
+  Returns:
+    ``(pop, 1, out)`` of ``out_dtype``.
+  """
+  pop, _, in_features = x.shape
+  out_features = weight.shape[0]
+  keys, coef, bias_coef = operands
+  stages = pipeline_stages(config, jnp.dtype(x.dtype).itemsize, jnp.dtype(out_dtype).itemsize)
+  body = functools.partial(_forward_kernel, config=config, stages=stages,
+                           **_statics(kind, weight.shape, offset, rank, bias is not None))
+  call = _mosaic.kernel(
+      body, out_type=jax.ShapeDtypeStruct((pop // 2, 2 * out_features), out_dtype),
+      grid=(num_sms or _num_sms(),), grid_names=("sm",),
+      num_threads=_COMPUTE_WARPGROUPS + 1, thread_name="wg")
+  bias_operands = () if bias is None else (bias.astype(_F32), bias_coef)
+  out = call(x.reshape(pop // 2, 2 * in_features), weight.astype(x.dtype), keys, coef,
+             *bias_operands)
+  return out.reshape(pop, 1, out_features)
+
+
+def fused_forward_xla(x, weight, bias, offset: int, operands, *, kind: noise_lib.NoiseKind,
+                      rank: int, out_dtype):
+  """:func:`fused_forward`'s arithmetic in XLA: its reference, on any backend.
+
+  The same operands and :func:`add_pair_noise` over all pairs at once (the
+  kernel adds them tile by tile to its wgmma accumulators), so a CPU test
+  checks the hash, the index starts and the per-pair coefficients bit for
+  bit against the library's noise.
+  """
+  pop, _, in_features = x.shape
+  out_features = weight.shape[0]
+  keys, coef, bias_coef = operands
+  products = jnp.dot(x.reshape(pop, in_features), weight.astype(x.dtype).T,
+                     preferred_element_type=_F32, precision=jax.lax.Precision.HIGHEST)
+  products = products.reshape(pop // 2, 2, out_features)
+  cols = jax.lax.broadcasted_iota(_U32, (1, out_features), 1)
+  bias32 = None if bias is None else bias.astype(_F32)[None, :]
+  plus, minus = add_pair_noise(
+      (products[:, 0], products[:, 1]), cols, keys[0][:, None], keys[1][:, None],
+      [[coef[c, s][:, None] for s in range(2)] for c in range(rank)], bias32,
+      [bias_coef[s][:, None] for s in range(2)],
+      **_statics(kind, weight.shape, offset, rank, bias is not None))
+  return jnp.stack([plus, minus], axis=1).astype(out_dtype).reshape(pop, 1, out_features)
+
+
+def _num_sms() -> int:
+  if jax.default_backend() != "gpu":
+    return 132  # lowering on a CPU for a Hopper target (tests): an H100 / H200 count
+  return int(jax.devices()[0].core_count)
