@@ -382,6 +382,27 @@ def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank):
   assert "mosaic_gpu" in lowered.as_text()
 
 
+def test_fused_kernel_lowers_inside_shard_map():
+  """Members sharded over a mesh axis: the kernel's output is typed as varying like its inputs."""
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("pop",))
+  spec = jax.sharding.PartitionSpec
+
+  def forward(x, weight, keys, coef, bias_coef):
+    return fused.fused_forward(x, weight, None, 3, (keys, coef, bias_coef),
+                               kind=noise_lib.get_kind("binomial"), rank=1,
+                               out_dtype=jnp.bfloat16, config=config_lib.LowRankLinearConfig(),
+                               num_sms=132)
+
+  sharded = jax.shard_map(forward, mesh=mesh, out_specs=spec("pop"), in_specs=(
+      spec("pop"), spec(), spec(None, "pop"), spec(None, None, "pop"), spec(None, "pop")))
+  avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
+      ((256, 1, 512), jnp.bfloat16), ((512, 512), jnp.bfloat16), ((2, 128), jnp.uint32),
+      ((1, 2, 128), jnp.float32), ((2, 128), jnp.float32)]]
+  lowered = jax.jit(sharded).trace(*avals).lower(lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+
+
 @pytest.mark.parametrize("field,value", [("gemm_tile_n", 96), ("gemm_tile_k", 32),
                                          ("gemm_stages", 0), ("gemm_grid_width", 1.5)])
 def test_fused_gemm_config_is_validated(field, value):

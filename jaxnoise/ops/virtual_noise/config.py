@@ -301,11 +301,12 @@ class LowRankLinearConfig:
       writes the sum (False: it writes the noise term and XLA adds it, which
       measured slower on an H200).
       Shared x always adds its small ``(batch, out)`` GEMM in the kernel.
-    fused_gemm: on a Hopper GPU, per-individual 16-bit x runs one Mosaic GPU
-      GEMM that adds the noise term in its epilogue
-      (:mod:`jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank`; ``x_i B_i``
-      from this kernel's reduce phase first). Calls it cannot take (other
-      GPUs, float32, shapes off its tiles) run the kernel above.
+    fused_gemm: on a Hopper GPU, 16-bit x with one row per member in
+      antithetic pairs runs one Mosaic GPU GEMM that adds the noise term in
+      its epilogue (:mod:`jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank`;
+      ``x_i B_i`` from this kernel's reduce phase first). Calls it cannot
+      take (other GPUs, float32, batches, shapes off its tiles) run the
+      kernel above.
     gemm_tile_n: outputs per compute warpgroup of the fused GEMM (a program
       covers twice as many; 64 or more, a power of two).
     gemm_tile_k: contracted features per pipeline step of the fused GEMM.

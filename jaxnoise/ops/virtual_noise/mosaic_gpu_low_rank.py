@@ -61,7 +61,16 @@ _COMPUTE_WARPGROUPS = 2
 
 
 def popcount(words: jax.Array) -> jax.Array:
-  """Bits set in each uint32 word (SWAR), equal to ``lax.population_count``."""
+  """Bits set in each uint32 word (SWAR), equal to ``lax.population_count``.
+
+  Mosaic GPU has no lowering rule for ``lax.population_count``; these are
+  plain integer operations it lowers.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> popcount(jnp.array([0, 1, 0xFFFFFFFF], jnp.uint32)).tolist()
+    [0, 1, 32]
+  """
   words = words - ((words >> _U32(1)) & _U32(0x55555555))
   words = (words & _U32(0x33333333)) + ((words >> _U32(2)) & _U32(0x33333333))
   words = (words + (words >> _U32(4))) & _U32(0x0F0F0F0F)
@@ -96,6 +105,17 @@ def tile_noise(kind: noise_lib.NoiseKind, index_hi: int, start_lo: int, cols: ja
 
   Returns:
     float32 ``q`` of ``cols``' shape (the kind's scale not applied).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from jaxnoise import noise as noise_lib
+    >>> kind, seed = noise_lib.get_kind("binomial"), jnp.uint32(7)
+    >>> multiplier, increment = noise_lib.stream_keys(seed, jnp.uint32(0))
+    >>> q = tile_noise(kind, 0, 100, jnp.arange(4, dtype=jnp.uint32), multiplier, increment)
+    >>> expected = noise_lib.unscaled_noise(seed, jnp.uint32(0),
+    ...                                     jnp.arange(100, 104, dtype=jnp.uint32), kind)
+    >>> bool((q == expected).all())
+    True
   """
   index_lo = cols + _U32(start_lo)
   shift = kind.log2_values_per_word
@@ -113,7 +133,12 @@ def word_hi(kind: noise_lib.NoiseKind, offset: int) -> int:
 
 
 def window_fits(offset: int, n_indices: int) -> bool:
-  """Whether indices ``[offset, offset + n_indices)`` share their high 32 bits."""
+  """Whether indices ``[offset, offset + n_indices)`` share their high 32 bits.
+
+  Example:
+    >>> window_fits(2**32 - 10, 10), window_fits(2**32 - 10, 11)
+    (True, False)
+  """
   return n_indices <= 0 or (offset >> 32) == ((offset + n_indices - 1) >> 32)
 
 

@@ -280,6 +280,9 @@ def low_rank_perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, an
   kernel writes the noise term (bias included) and XLA adds it to the GEMM
   output (which it can fuse into the GEMM's epilogue), or, with
   ``config.fuse_base``, the kernel reads the GEMM's output and writes the sum.
+  On a Hopper GPU, calls that :func:`mosaic_gpu_low_rank.unsupported_reason`
+  accepts run :func:`fused_gemm_operands` and then one Mosaic GPU GEMM with
+  the noise in its epilogue instead.
   """
   out_features, in_features = weight.shape
   batch = x.shape[-2]
