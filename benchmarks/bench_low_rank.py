@@ -4,12 +4,15 @@ Modes (any combination, one process, one GPU):
 
 * ``--check``: the compiled low-rank kernels (forward, input gradient) and the
   gradient estimate against the pure-JAX reference, every kind, shared and
-  per-individual x, antithetic on and off, odd shapes, offsets past 2**32.
+  per-individual x, antithetic on and off, odd shapes, offsets past 2**32;
+  then ("fused check") the Mosaic GPU forward on its tiles.
 * ``--bench``: EGGROLL's benchmark, one ``(8192, 8192)`` linear layer, 1024
   members with one input row each, bf16 and f32, side by side in one run:
   batch inference ``x W^T`` (the floor), EGGROLL's own ``do_mm`` (if its
   public code is importable from ``--eggroll-path``; it stays out of this
-  repository), the jaxnoise kernel and the materialised-factor path, for
+  repository), the jaxnoise kernel (the library's default: on a Hopper GPU
+  in bf16 the fused Mosaic GPU forward up to rank 4), the Triton path
+  (``fused_gemm=False``, bf16) and the materialised-factor path, for
   ranks 1, 2, 4, 8, 16 and each kind; then one ES step of that layer
   (forward + gradient estimate + update) against inference plus one GEMM of
   the layer's size.
@@ -120,7 +123,7 @@ def _check_fused_one(pop, batch, out_f, in_f, kind, offset, rank, with_bias, ant
   seeds = jaxnoise.draw_seeds(keys[3], pop, antithetic=antithetic)
   common = dict(kind=kind, antithetic=antithetic, rank=rank)
 
-  cotangent = jax.random.normal(keys[0], (pop, batch, out_f))
+  cotangent = jax.random.normal(jax.random.fold_in(keys[0], 1), (pop, batch, out_f))
   # The fused kernel at every rank (the heuristic takes it up to rank 4).
   config = dataclasses.replace(
       config_lib.low_rank_linear_heuristics(batch, in_f, out_f, rank, kind), fused_gemm=True)
