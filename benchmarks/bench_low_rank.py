@@ -10,9 +10,9 @@ Modes (any combination, one process, one GPU):
   members with one input row each, bf16 and f32, side by side in one run:
   batch inference ``x W^T`` (the floor), EGGROLL's own ``do_mm`` (if its
   public code is importable from ``--eggroll-path``; it stays out of this
-  repository), the jaxnoise kernel (the library's default: on a Hopper GPU
-  in bf16 the fused Mosaic GPU forward up to rank 4), the Triton path
-  (``fused_gemm=False``, bf16) and the materialised-factor path, for
+  repository), the jaxnoise kernel (the library's default), the fused
+  Mosaic GPU forward (``fused_gemm=True``, bf16, opt-in) and the
+  materialised-factor path, for
   ranks 1, 2, 4, 8, 16 and each kind; then one ES step of that layer
   (forward + gradient estimate + update) against inference plus one GEMM of
   the layer's size.
@@ -87,19 +87,23 @@ def check_cases(quick: bool, implementation: str):
 def _fused_check_cases(quick, implementation, kinds, offsets):
   """The Mosaic GPU forward (16-bit one-row members in antithetic pairs, Hopper) against the reference.
 
-  Shapes on its tiles, every kind and offset (``(1 << 32) - 100`` crosses a
-  window and takes the Triton path, checked too), ranks 1, 3 and 16, bias on
-  and off; two more cases off its domain (no pairs; two rows per member)
-  take the Triton path. sigma 0.5, so the noise term dominates.
+  Shapes on its tiles (up to 3 tiles of 64 pairs and 3 of 256 outputs),
+  every kind at every offset inside one 2**32 window, ranks 1, 3 and 16 over
+  every shape, bias on and off. Off its domain, taking the Triton path: the
+  offsets whose layer crosses a window, no pairs, two rows per member.
+  sigma 0.5, so the noise term dominates.
   """
-  shapes = [(128, 1, 256, 64)] if quick else [(128, 1, 256, 64), (256, 1, 768, 320),
-                                               (128, 1, 512, 4096)]
+  shapes = [(128, 1, 256, 64)] if quick else [(128, 1, 256, 64), (384, 1, 768, 320),
+                                               (256, 1, 512, 4096)]
   ranks = [1, 3, 16]
   cases = []
-  combos = [(k, o, True) for k in kinds for o in offsets] + [(kinds[0], offsets[0], False)]
+  fitting = [o for o in offsets if mosaic_window_fits(o)]
+  combos = [(k, o, True) for k in kinds for o in fitting]
+  combos += [(kinds[0], o, True) for o in offsets if o not in fitting]
+  combos += [(kinds[0], offsets[0], False)]
   for i, (kind, offset, antithetic) in enumerate(combos):
     shape = shapes[i % len(shapes)]
-    rank = ranks[i % len(ranks)]
+    rank = ranks[(i // len(shapes)) % len(ranks)]
     bias = i % 2 == 0
     name = (f"fused check {kind} pop={shape[0]} batch={shape[1]} out={shape[2]} in={shape[3]} "
             f"offset={offset} rank={rank} bias={bias} anti={antithetic}")
@@ -110,6 +114,12 @@ def _fused_check_cases(quick, implementation, kinds, offsets):
                     _check_fused_one, 128, 2, 256, 64, kinds[0], 7, 1, True, True,
                     implementation)))
   return cases
+
+
+def mosaic_window_fits(offset: int) -> bool:
+  """Whether a check layer at ``offset`` stays inside one 2**32 window (else: Triton path)."""
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank  # pylint: disable=g-import-not-at-top
+  return mosaic_gpu_low_rank.window_fits(offset, 1 << 20)
 
 
 def _check_fused_one(pop, batch, out_f, in_f, kind, offset, rank, with_bias, antithetic,
@@ -265,12 +275,12 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
     if dtype.itemsize == 2:
       for rank in ranks:
         for kind in kinds:
-          triton = dataclasses.replace(
-              config_lib.low_rank_linear_heuristics(1, features, features, rank),
-              fused_gemm=False)
-          cases.append((f"jaxnoise {dtype_name} {kind} rank={rank} triton",
+          fused = dataclasses.replace(
+              config_lib.low_rank_linear_heuristics(1, features, features, rank, kind),
+              fused_gemm=True)
+          cases.append((f"jaxnoise {dtype_name} {kind} rank={rank} fused",
                         functools.partial(_jaxnoise_case, setup, rank, kind, dtype, False,
-                                          implementation, triton, "triton")))
+                                          implementation, fused, "fused")))
 
     for rank in (1, 4):
       for variant in _config_variants(features, rank):

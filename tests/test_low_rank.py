@@ -275,12 +275,12 @@ def functools_partial(fn, first):
 # its dispatch is followed on the CPU, and the kernel is lowered for CUDA.
 
 
-def _fused_operands(x, seeds, sigma, offset, kind, rank, out_f, config=None):
+def _fused_operands(x, seeds, sigma, offset, kind, rank, out_f):
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.virtual_noise import pallas_triton_low_rank as triton  # pylint: disable=g-import-not-at-top
   kind = noise_lib.get_kind(kind)
   _, b_layout = triton._factor_layouts(kind, offset, out_f, x.shape[-1], rank)  # pylint: disable=protected-access
-  config = config or config_lib.LowRankLinearConfig(block_reduce=64)
+  config = config_lib.LowRankLinearConfig(block_reduce=64)
   return triton.fused_gemm_operands(x, seeds, sigma, reduce_layout=b_layout, rank=rank,
                                     word_hi=fused.word_hi(kind, offset), config=config,
                                     interpret=True)
@@ -337,19 +337,23 @@ def test_fused_path_dispatch(rng, monkeypatch):
 def test_fused_path_eligibility_names_the_reason(monkeypatch):
   from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
-  config = config_lib.LowRankLinearConfig()
+  config = config_lib.LowRankLinearConfig(fused_gemm=True)
   bf16 = jnp.bfloat16
 
   def reason(shape=(256, 1, 512), dtype=bf16, out_f=512, offset=0, rank=1, antithetic=True,
-             cfg=config, interpret=False):
+             cfg=config, interpret=False, out_dtype=bf16):
     n = noise_lib.noise_block_size((out_f, shape[-1]), rank)
-    return fused.unsupported_reason(shape, dtype, out_f, offset, n, rank, antithetic, bf16, cfg,
-                                    interpret)
+    return fused.unsupported_reason(shape, dtype, out_f, offset, n, rank, antithetic, out_dtype,
+                                    cfg, interpret)
 
   assert "Hopper" in reason(interpret=True)
   monkeypatch.setattr(_mosaic, "is_hopper", lambda: True)
   assert reason() is None
-  assert "fused_gemm" in reason(cfg=config_lib.LowRankLinearConfig(fused_gemm=False))
+  assert reason(out_dtype=jnp.float32) is None
+  assert "fused_gemm" in reason(cfg=config_lib.LowRankLinearConfig())
+  assert "shared memory" in reason(cfg=config_lib.LowRankLinearConfig(fused_gemm=True,
+                                                                      gemm_tile_k=512),
+                                   shape=(256, 1, 1024))
   assert "one row per member" in reason(shape=(256, 2, 512))
   assert "antithetic" in reason(antithetic=False)
   assert "float32" in reason(dtype=jnp.float32)
@@ -361,10 +365,11 @@ def test_fused_path_eligibility_names_the_reason(monkeypatch):
   assert "rank" in reason(rank=config_lib.MAX_KERNEL_RANK + 1)
 
 
-@pytest.mark.parametrize("kind,with_bias,rank", [
-    ("binomial", True, 1), ("binomial", False, 4), ("rademacher", True, 3), ("normal", False, 2),
-    ("uniform", True, 1)])
-def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank):
+@pytest.mark.parametrize("kind,with_bias,rank,out_dtype", [
+    ("binomial", True, 1, jnp.bfloat16), ("binomial", False, 4, jnp.float32),
+    ("rademacher", True, 3, jnp.bfloat16), ("normal", False, 2, jnp.float16),
+    ("uniform", True, 1, jnp.float32)])
+def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, out_dtype):
   """The Pallas-to-Mosaic GPU translation of the kernel (and its shared-memory check) on a CPU."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   pop, out_f, in_f, pairs = 256, 512, 320, 128
@@ -373,7 +378,7 @@ def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank):
   def forward(x, weight, bias, keys, coef, bias_coef):
     return fused.fused_forward(x, weight, bias if with_bias else None, (1 << 40) + 3,
                                (keys, coef, bias_coef), kind=noise_lib.get_kind(kind),
-                               rank=rank, out_dtype=jnp.bfloat16, config=config, num_sms=132)
+                               rank=rank, out_dtype=out_dtype, config=config, num_sms=132)
 
   avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
       ((pop, 1, in_f), jnp.bfloat16), ((out_f, in_f), jnp.bfloat16), ((out_f,), jnp.float32),
@@ -403,7 +408,8 @@ def test_fused_kernel_lowers_inside_shard_map():
   assert "mosaic_gpu" in lowered.as_text()
 
 
-@pytest.mark.parametrize("field,value", [("gemm_tile_n", 96), ("gemm_tile_k", 32),
+@pytest.mark.parametrize("field,value", [("gemm_tile_n", 96), ("gemm_tile_n", 256),
+                                         ("gemm_tile_k", 32),
                                          ("gemm_stages", 0), ("gemm_grid_width", 1.5)])
 def test_fused_gemm_config_is_validated(field, value):
   with pytest.raises(ValueError, match=field):
@@ -416,14 +422,15 @@ def test_fused_forward_compiled_on_hopper(rng, kind):
   from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
   if not _mosaic.is_hopper():
     pytest.skip("needs a Hopper GPU")
-  pop, out_f, in_f = 128, 256, 192
+  pop, out_f, in_f = 384, 512, 192  # 3 tiles of 64 pairs, 2 of 256 outputs
   x = _normal(rng, (pop, 1, in_f), jnp.bfloat16)
   weight = _normal(rng, (out_f, in_f), jnp.bfloat16) * 0.1
   bias = _normal(rng, (out_f,))
   seeds = _seeds(rng, pop, antithetic=True)
+  config = config_lib.LowRankLinearConfig(fused_gemm=True)
   y = jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
       x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind=kind, antithetic=True, rank=2,
-      out_dtype=jnp.bfloat16, implementation="pallas"))(x)
+      out_dtype=jnp.bfloat16, implementation="pallas", config=config))(x)
   expected = _dense_linear(x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind, True, 2)
   np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
                              atol=1e-2 * float(jnp.abs(expected).max()))
