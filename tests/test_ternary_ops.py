@@ -1134,11 +1134,10 @@ def test_tuning_batches_compile_one_decode_per_call(rng):
   decode that is slower per call). Each call now reads its own copy.
   """
   # pylint: disable-next=g-import-not-at-top
-  from jaxnoise.ops.ternary import tuning
+  from jaxnoise.ops.ternary import matmul, tuning
   _, packed, scale, _ = random_state(rng, 40, 4 * 24, 3)
   grad_y = jnp.asarray(rng.normal(size=(2, 40)), jnp.float32)
-  # pylint: disable-next=protected-access
-  op = functools.partial(tuning._input_grad, C=3, out_dtype=jnp.float32)
+  op = functools.partial(matmul.matmul_input_grad, C=3, out_dtype=jnp.float32)
   config = config_lib.MatmulConfig(method="decode")
   calls = 3
   many = tuning._many_matmuls(op, "interpret", config)  # pylint: disable=protected-access

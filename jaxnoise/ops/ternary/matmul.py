@@ -53,18 +53,29 @@ def _matmul_forward(static: _MatmulStatic, x, packed, scale, out_dtype=None):
                                    interpret=static.implementation == "interpret")
 
 
-def _matmul_input_grad(static: _MatmulStatic, grad_y, packed, scale, out_dtype):
-  if static.implementation == "reference":
-    return reference.ternary_matmul_input_grad_reference(grad_y, packed, scale, C=static.C,
+def matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype, implementation: str,
+                      config=None):
+  """The VJP's input gradient ``(grad_y * scale) @ t`` of a 2-D ``grad_y``, by ``implementation``.
+
+  ``config`` None: a config tuned for this shape
+  (:func:`jaxnoise.ops.ternary.tuning.tune_matmul_input_grad`), else the
+  kernel's heuristic. The forward's config tiles the forward only.
+  """
+  if implementation == "reference":
+    return reference.ternary_matmul_input_grad_reference(grad_y, packed, scale, C=C,
                                                          out_dtype=out_dtype)
-  # The forward's config tiles the forward only; the input gradient takes a config tuned
-  # for its shape (tuning.tune_matmul_input_grad), else its own heuristic.
-  config = autotune.lookup(*config_lib.matmul_input_grad_key(
-      static.implementation, grad_y.shape[0], 4 * (packed.shape[1] // 3), grad_y.shape[1],
-      grad_y.dtype, out_dtype))
-  return _kernels("matmul").ternary_matmul_input_grad(grad_y, packed, scale, C=static.C,
+  if config is None:
+    config = autotune.lookup(*config_lib.matmul_input_grad_key(
+        implementation, grad_y.shape[0], 4 * (packed.shape[1] // 3), grad_y.shape[1],
+        grad_y.dtype, out_dtype))
+  return _kernels("matmul").ternary_matmul_input_grad(grad_y, packed, scale, C=C,
                                               out_dtype=out_dtype, config=config,
-                                              interpret=static.implementation == "interpret")
+                                              interpret=implementation == "interpret")
+
+
+def _matmul_input_grad(static: _MatmulStatic, grad_y, packed, scale, out_dtype):
+  return matmul_input_grad(grad_y, packed, scale, C=static.C, out_dtype=out_dtype,
+                           implementation=static.implementation)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -42,8 +42,8 @@ from jaxnoise.ops import _common
 from jaxnoise.ops import autotune
 from jaxnoise.ops.ternary import config as config_lib
 from jaxnoise.ops.ternary import reference
-from jaxnoise.ops.ternary._validation import _check_packed, _check_row_vector, _kernels, check_C
-from jaxnoise.ops.ternary.matmul import ternary_matmul
+from jaxnoise.ops.ternary._validation import _check_packed, _check_row_vector, check_C
+from jaxnoise.ops.ternary.matmul import matmul_input_grad, ternary_matmul
 from jaxnoise.ops.ternary.update import counter_update, counter_update_from_io
 
 __all__ = ["tune_counter_update", "tune_counter_update_from_io", "tune_matmul",
@@ -324,16 +324,6 @@ def _tune_product(op, op_and_key, operand, packed, scale, *, implementation: str
       batch_calls=_BATCH_CALLS)
 
 
-def _input_grad(grad_y, packed, scale, *, C: int, out_dtype, implementation: str, config=None):
-  """The VJP's input gradient ``(grad_y * scale) @ t`` by ``implementation``."""
-  if implementation == "reference":
-    return reference.ternary_matmul_input_grad_reference(grad_y, packed, scale, C=C,
-                                                         out_dtype=out_dtype)
-  return _kernels("matmul").ternary_matmul_input_grad(
-      grad_y, packed, scale, C=C, out_dtype=out_dtype, config=config,
-      interpret=implementation == "interpret")
-
-
 def tune_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype: Any = None,
                            implementation: str = "auto",
                            candidates: Sequence[Any] | None = None,
@@ -384,7 +374,7 @@ def tune_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype: Any = No
   if candidates is None:
     candidates = config_lib.MatmulConfig.input_grad_candidates(shape, grad_y.dtype)
   return _tune_product(
-      functools.partial(_input_grad, C=C, out_dtype=out_dtype),
+      functools.partial(matmul_input_grad, C=C, out_dtype=out_dtype),
       config_lib.matmul_input_grad_key(implementation, m_rows, in_features, out_features,
                                        grad_y.dtype, out_dtype),
       grad_y, packed, scale, implementation=implementation,
