@@ -266,8 +266,14 @@ class NoiseKind:
   def values_per_word(self) -> int:
     return 1 << self.log2_values_per_word
 
-  def unscaled(self, words: jax.Array, lane: jax.Array | None = None) -> jax.Array:
-    """Integer-valued float32 ``q`` from uint32 ``words`` (and ``lane`` for packed kinds)."""
+  def unscaled(self, words: jax.Array, lane: jax.Array | None = None, *,
+               population_count=None) -> jax.Array:
+    """Integer-valued float32 ``q`` from uint32 ``words`` (and ``lane`` for packed kinds).
+
+    ``population_count`` (``"binomial"`` only): a bit count of uint32 words
+    to use instead of ``lax.population_count``, for a backend that has no
+    rule for it (Mosaic GPU); it must count the same bits.
+    """
     if self.name == "uniform":
       signed = jax.lax.bitcast_convert_type(words, jnp.int32)
       return ((signed >> 7) | 1).astype(jnp.float32)
@@ -284,7 +290,11 @@ class NoiseKind:
       # popcount on int32: Pallas lowers it to CUDA's __nv_popc; a uint32 operand
       # takes a generic fallback that the Triton compiler rejected on an H200.
       signed = jax.lax.bitcast_convert_type(words, jnp.int32)
-      ones = jax.lax.population_count(signed) | jnp.int32(_BINOMIAL_BITS)
+      if population_count is None:
+        count = jax.lax.population_count(signed)
+      else:
+        count = jax.lax.bitcast_convert_type(population_count(words), jnp.int32)
+      ones = count | jnp.int32(_BINOMIAL_BITS)
       return jax.lax.bitcast_convert_type(ones, jnp.float32) - jnp.float32(_BINOMIAL_CENTRE)
     raise ValueError(f"unknown noise kind {self.name!r}")
 

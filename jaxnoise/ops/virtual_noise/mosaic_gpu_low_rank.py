@@ -77,17 +77,6 @@ def popcount(words: jax.Array) -> jax.Array:
   return (words * _U32(0x01010101)) >> _U32(24)
 
 
-def _unscaled(kind: noise_lib.NoiseKind, words: jax.Array, lane) -> jax.Array:
-  """The kind's integer-valued ``q`` (float32), as :meth:`NoiseKind.unscaled`."""
-  if kind.name == "binomial":
-    ones = lax.bitcast_convert_type(popcount(words) | _U32(noise_lib._BINOMIAL_BITS), _F32)  # pylint: disable=protected-access
-    return ones - _F32(noise_lib._BINOMIAL_CENTRE)  # pylint: disable=protected-access
-  if kind.name == "rademacher":
-    bit = (words >> lane) & _U32(1)
-    return _F32(1.0) - _F32(2.0) * bit.astype(_F32)
-  return kind.unscaled(words, lane)
-
-
 def tile_noise(kind: noise_lib.NoiseKind, index_hi: int, start_lo: int, cols: jax.Array,
                multiplier: jax.Array, increment: jax.Array) -> jax.Array:
   """Integer-valued ``q`` at indices ``index_hi * 2**32 + start_lo + cols``.
@@ -124,7 +113,8 @@ def tile_noise(kind: noise_lib.NoiseKind, index_hi: int, start_lo: int, cols: ja
     lane = index_lo & _U32((1 << shift) - 1)
     high_bits = (index_hi << (32 - shift)) & 0xFFFFFFFF
     index_lo = (index_lo >> _U32(shift)) | _U32(high_bits)
-  return _unscaled(kind, noise_lib.hash_word(multiplier, increment, index_lo), lane)
+  return kind.unscaled(noise_lib.hash_word(multiplier, increment, index_lo), lane,
+                      population_count=popcount)
 
 
 def word_hi(kind: noise_lib.NoiseKind, offset: int) -> int:
