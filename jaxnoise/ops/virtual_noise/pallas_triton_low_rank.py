@@ -35,6 +35,7 @@ from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank
 from jaxnoise.ops.virtual_noise import reference
 from jaxnoise.ops.virtual_noise.pallas_triton import NoiseLayout
 from jaxnoise.ops.virtual_noise.pallas_triton import _RowStart
+from jaxnoise.ops.virtual_noise.pallas_triton import _noise_factor
 from jaxnoise.ops.virtual_noise.pallas_triton import _row_start
 from jaxnoise.ops.virtual_noise.pallas_triton import _stream_keys
 from jaxnoise.ops.virtual_noise.pallas_triton import _vector_noise
@@ -117,6 +118,11 @@ def _reduce_factor_dots(v_ref, seed, *, reduce_layout: NoiseLayout, rank: int, s
   return jax.lax.fori_loop(0, pl.cdiv(n_reduce, block_reduce), body, zeros)
 
 
+def _term_factor(sigma_ref, kind: noise_lib.NoiseKind, rank: int) -> jax.Array:
+  """``sigma scale^2 / sqrt(r)``: each factor carries the kind's scale; 1 / sqrt(r): unit variance."""
+  return sigma_ref[0] * _F32(kind.scale * kind.scale / (rank ** 0.5))
+
+
 def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *,
                      reduce_layout: NoiseLayout, emit_layout: NoiseLayout, rank: int,
                      shared_v: bool, antithetic: bool, batch: int, n_reduce: int, n_emit: int,
@@ -134,8 +140,7 @@ def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *
                              shared_v=shared_v, n_inputs=n_inputs, first=first, batch0=batch0,
                              batch_ok=batch_ok, n_reduce=n_reduce, config=config)
   emit_starts, emit_keys = _component_streams(emit_layout, seed, rank)
-  # Both factors carry the kind's scale; 1 / sqrt(r) keeps unit variance.
-  factor = sigma_ref[0] * _F32(kind.scale * kind.scale / (rank ** 0.5))
+  factor = _term_factor(sigma_ref, kind, rank)
 
   def emit_body(step, carry):
     col0 = step * block_emit
@@ -214,8 +219,8 @@ def _fused_operands_kernel(x_ref, seeds_ref, sigma_ref, keys_ref, coef_ref, bias
                              batch_ok=jnp.ones((1, 1), jnp.bool_), n_reduce=n_reduce,
                              config=config)
   kind = reduce_layout.kind
-  noise_scale = sigma_ref[0] * _F32(kind.scale)
-  factor = sigma_ref[0] * _F32(kind.scale * kind.scale / (rank ** 0.5))
+  noise_scale = _noise_factor(sigma_ref, kind)
+  factor = _term_factor(sigma_ref, kind, rank)
   at = pl.ds(pair, 1)
   for sign in range(2):
     flip = _F32(1.0 - 2.0 * sign)
