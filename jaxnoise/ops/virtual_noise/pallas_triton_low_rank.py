@@ -119,7 +119,10 @@ def _reduce_factor_dots(v_ref, seed, *, reduce_layout: NoiseLayout, rank: int, s
 
 
 def _term_factor(sigma_ref, kind: noise_lib.NoiseKind, rank: int) -> jax.Array:
-  """``sigma scale^2 / sqrt(r)``: each factor carries the kind's scale; 1 / sqrt(r): unit variance."""
+  """``sigma scale^2 / sqrt(r)``.
+
+  Each factor carries the kind's scale; 1 / sqrt(r) keeps unit variance.
+  """
   return sigma_ref[0] * _F32(kind.scale * kind.scale / (rank ** 0.5))
 
 
