@@ -301,18 +301,19 @@ class LowRankLinearConfig:
       writes the sum (False: it writes the noise term and XLA adds it, which
       measured slower on an H200).
       Shared x always adds its small ``(batch, out)`` GEMM in the kernel.
-    fused_gemm: on a Hopper GPU, 16-bit x with one row per member in
+    fused_gemm: on a Hopper GPU, x with one row per member in
       antithetic pairs runs one Mosaic GPU GEMM that adds the noise term in
       its epilogue (:mod:`jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank`;
       ``x_i B_i`` from this kernel's reduce phase first). Calls it cannot
-      take (other GPUs, float32 x, batches of rows, no antithetic pairs,
+      take (other GPUs, batches of rows, no antithetic pairs,
       shapes off its tiles, a layer whose noise indices cross a multiple of
-      2**32) run the kernel above. Off by default: opt in (see
-      :func:`low_rank_linear_heuristics` for why).
+      2**32) run the kernel above. :func:`low_rank_linear_heuristics` turns
+      it on up to rank 4 (a config built by hand has it off unless asked).
     gemm_tile_n: outputs per compute warpgroup of the fused GEMM (a program
       covers twice as many): 64 or 128 (two float32 accumulators of 64 x 256
       would take every register).
-    gemm_tile_k: contracted features per pipeline step of the fused GEMM.
+    gemm_tile_k: contracted features per pipeline step of the fused GEMM
+      with 16-bit x (float32 x: half as many, the same bytes).
     gemm_stages: the fused GEMM's pipeline depth (lowered to what fits in
       shared memory).
     gemm_grid_width: the fused GEMM's tile order (``plgpu.planar_snake``):
@@ -352,11 +353,6 @@ class LowRankLinearConfig:
 MAX_KERNEL_RANK = 16
 
 
-# Whether the fused Mosaic GPU forward has passed a compiled check over several
-# tiles of pairs (low_rank_linear_heuristics chooses it only then).
-FUSED_GEMM_CHECKED_AT_SCALE = False
-
-
 def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int,
                                kind: str | None = None) -> LowRankLinearConfig:
   """Register tiles of 4096 elements, the batch up to 16 rows; 8 warps above rank 1.
@@ -372,23 +368,20 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
   paired configs of an earlier sweep.
 
   The fused Mosaic GPU GEMM (``fused_gemm``): up to rank 2, and at rank 4
-  except for "rademacher", once ``FUSED_GEMM_CHECKED_AT_SCALE``; not chosen
-  yet. Measured in session 12 (bf16, the same shape, device time), it is
-  the faster path up to rank 4: 93.6-95.0% of inference at rank 1 in
-  "binomial" against 91.9-92.9% for the Triton path, 86.0-86.3% against
-  84.5-84.7% at rank 4 ("rademacher": faster at rank 1, equal at 2, 86.0%
-  against 87.8% at 4; from rank 8 the Triton path is faster, 0.230 against
-  0.307 ms). Its compiled checks so far covered one tile of 64 pairs; the
-  kernel at 1024 members ran (timed) but was not compared with the
-  reference, so it stays opt-in until a compiled check over several pair
-  tiles passes.
+  except for "rademacher". Measured in session 12 (bf16, the same shape,
+  device time), it is the faster path up to rank 4: 93.6-95.0% of inference
+  at rank 1 in "binomial" against 91.9-92.9% for the Triton path,
+  86.0-86.3% against 84.5-84.7% at rank 4 ("rademacher": faster at rank 1,
+  equal at 2, 86.0% against 87.8% at 4; from rank 8 the Triton path is
+  faster, 0.230 against 0.307 ms). Compiled checks (session 13) compared it
+  with the reference over 1-3 tiles of 64 pairs and at 1024 members x
+  (8192, 8192), every kind.
   """
   block_batch = min(16, next_pow2(batch))
   width = max(32, 4096 // block_batch)
   block_reduce = min(width, max(32, next_pow2(n_reduce)))
   block_emit = min(width, max(32, next_pow2(n_emit)))
-  fused_gemm = FUSED_GEMM_CHECKED_AT_SCALE and (
-      rank <= 2 or (rank <= 4 and kind != "rademacher"))
+  fused_gemm = rank <= 2 or (rank <= 4 and kind != "rademacher")
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
                              block_emit=block_emit, num_warps=4 if rank == 1 else 8,
                              num_stages=1,
