@@ -10,9 +10,9 @@ Modes (any combination, one process, one GPU):
   members with one input row each, bf16 and f32, side by side in one run:
   batch inference ``x W^T`` (the floor), EGGROLL's own ``do_mm`` (if its
   public code is importable from ``--eggroll-path``; it stays out of this
-  repository), the jaxnoise kernel (the library's default), the fused
-  Mosaic GPU forward (``fused_gemm=True``, bf16, opt-in) and the
-  materialised-factor path, for
+  repository), the jaxnoise kernel (the library's default: in bf16 the fused
+  Mosaic GPU forward up to rank 4), the other bf16 path (``fused_gemm``
+  flipped) and the materialised-factor path, for
   ranks 1, 2, 4, 8, 16 and each kind; then one ES step of that layer
   (forward + gradient estimate + update) against inference plus one GEMM of
   the layer's size.
@@ -113,6 +113,19 @@ def _fused_check_cases(quick, implementation, kinds, offsets):
                 f"bias=True anti=True", functools.partial(
                     _check_fused_one, 128, 2, 256, 64, kinds[0], 7, 1, True, True,
                     implementation)))
+  # float32 x (TF32 in the GEMM).
+  cases.append((f"fused check {kinds[0]} pop=384 batch=1 out=768 in=320 offset={offsets[-1]} "
+                f"rank=3 bias=True anti=True float32", functools.partial(
+                    _check_fused_one, 384, 1, 768, 320, kinds[0], offsets[-1], 3, True, True,
+                    implementation, jnp.float32)))
+  if not quick:  # EGGROLL's layer, the shape the heuristic's timings come from: 8 tiles of pairs
+    for kind, rank, offset, dtype in [(kinds[0], 1, offsets[0], jnp.bfloat16),
+                                      (kinds[-1], 4, offsets[-1], jnp.bfloat16),
+                                      (kinds[1], 2, offsets[-1], jnp.float32)]:
+      cases.append((f"fused check {kind} pop=1024 batch=1 out=8192 in=8192 offset={offset} "
+                    f"rank={rank} bias=True anti=True {jnp.dtype(dtype).name}",
+                    functools.partial(_check_fused_one, 1024, 1, 8192, 8192, kind, offset, rank,
+                                      True, True, implementation, dtype)))
   return cases
 
 
@@ -123,10 +136,9 @@ def mosaic_window_fits(offset: int) -> bool:
 
 
 def _check_fused_one(pop, batch, out_f, in_f, kind, offset, rank, with_bias, antithetic,
-                     implementation):
+                     implementation, dtype=jnp.bfloat16):
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank  # pylint: disable=g-import-not-at-top
   keys = jax.random.split(jax.random.key(pop * 11 + rank), 4)
-  dtype = jnp.bfloat16
   x = jax.random.normal(keys[0], (pop, batch, in_f)).astype(dtype)
   weight = (jax.random.normal(keys[1], (out_f, in_f)) / np.sqrt(in_f)).astype(dtype)
   bias = jax.random.normal(keys[2], (out_f,)) if with_bias else None
@@ -157,7 +169,7 @@ def _check_fused_one(pop, batch, out_f, in_f, kind, offset, rank, with_bias, ant
       implementation != "pallas")
   errors = {"forward": _relative_error(y, reference), "grad_x": _relative_error(gx, rgx)}
   worst = max(errors.values())
-  bound = 1e-2  # bfloat16 outputs: 2**-8 relative rounding
+  bound = 1e-2  # bfloat16 outputs: 2**-8 relative rounding; float32 x: TF32 products
   record = {"path": reason or "fused", "max_rel_error": worst, **errors, "ok": worst < bound}
   if not record["ok"]:
     raise AssertionError(f"relative error {worst:.3g} above {bound} ({record['path']}): {errors}")
@@ -272,15 +284,16 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
                         f"{' materialized' if materialize else ''}",
                         functools.partial(_jaxnoise_case, setup, rank, kind, dtype, materialize,
                                           implementation)))
-    if dtype.itemsize == 2:
-      for rank in ranks:
-        for kind in kinds:
-          fused = dataclasses.replace(
-              config_lib.low_rank_linear_heuristics(1, features, features, rank, kind),
-              fused_gemm=True)
-          cases.append((f"jaxnoise {dtype_name} {kind} rank={rank} fused",
+    for rank in ranks:  # the other path beside the default's row
+      for kind in kinds:
+        default = config_lib.low_rank_linear_heuristics(1, features, features, rank, kind)
+        for variant, fused_gemm in (("fused", True), ("triton", False)):
+          if default.fused_gemm == fused_gemm:
+            continue  # the default's row above
+          config = dataclasses.replace(default, fused_gemm=fused_gemm)
+          cases.append((f"jaxnoise {dtype_name} {kind} rank={rank} {variant}",
                         functools.partial(_jaxnoise_case, setup, rank, kind, dtype, False,
-                                          implementation, fused, "fused")))
+                                          implementation, config, variant)))
 
     for rank in (1, 4):
       for variant in _config_variants(features, rank):

@@ -356,7 +356,12 @@ def test_fused_path_eligibility_names_the_reason(monkeypatch):
                                    shape=(256, 1, 1024))
   assert "one row per member" in reason(shape=(256, 2, 512))
   assert "antithetic" in reason(antithetic=False)
-  assert "float32" in reason(dtype=jnp.float32)
+  assert reason(dtype=jnp.float32, out_dtype=jnp.float32) is None
+  assert "float32" in reason(dtype=jnp.int8)
+  with jax.default_matmul_precision("highest"):
+    assert "TF32" in reason(dtype=jnp.float32)
+    assert reason() is None
+  assert "in = 48 is not a multiple of 32" in reason(shape=(256, 1, 48), dtype=jnp.float32)
   assert "pop = 192" in reason(shape=(192, 1, 512))
   assert "out = 384" in reason(out_f=384)
   assert "in = 500" in reason(shape=(256, 1, 500))
@@ -365,11 +370,14 @@ def test_fused_path_eligibility_names_the_reason(monkeypatch):
   assert "rank" in reason(rank=config_lib.MAX_KERNEL_RANK + 1)
 
 
-@pytest.mark.parametrize("kind,with_bias,rank,out_dtype", [
-    ("binomial", True, 1, jnp.bfloat16), ("binomial", False, 4, jnp.float32),
-    ("rademacher", True, 3, jnp.bfloat16), ("normal", False, 2, jnp.float16),
-    ("uniform", True, 1, jnp.float32)])
-def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, out_dtype):
+@pytest.mark.parametrize("kind,with_bias,rank,x_dtype,out_dtype", [
+    ("binomial", True, 1, jnp.bfloat16, jnp.bfloat16),
+    ("binomial", False, 4, jnp.bfloat16, jnp.float32),
+    ("rademacher", True, 3, jnp.bfloat16, jnp.bfloat16),
+    ("normal", False, 2, jnp.float16, jnp.float16),
+    ("uniform", True, 1, jnp.float32, jnp.float32),
+    ("binomial", False, 2, jnp.float32, jnp.bfloat16)])
+def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtype):
   """The Pallas-to-Mosaic GPU translation of the kernel (and its shared-memory check) on a CPU."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   pop, out_f, in_f, pairs = 256, 512, 320, 128
@@ -381,7 +389,7 @@ def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, out_dtype):
                                rank=rank, out_dtype=out_dtype, config=config, num_sms=132)
 
   avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
-      ((pop, 1, in_f), jnp.bfloat16), ((out_f, in_f), jnp.bfloat16), ((out_f,), jnp.float32),
+      ((pop, 1, in_f), x_dtype), ((out_f, in_f), x_dtype), ((out_f,), jnp.float32),
       ((2, pairs), jnp.uint32), ((rank, 2, pairs), jnp.float32), ((2, pairs), jnp.float32)]]
   lowered = jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
@@ -417,20 +425,21 @@ def test_fused_gemm_config_is_validated(field, value):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", KINDS)
-def test_fused_forward_compiled_on_hopper(rng, kind):
+@pytest.mark.parametrize("kind,dtype", [(kind, jnp.bfloat16) for kind in KINDS] + [
+    ("binomial", jnp.float32), ("rademacher", jnp.float32)])
+def test_fused_forward_compiled_on_hopper(rng, kind, dtype):
   from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
   if not _mosaic.is_hopper():
     pytest.skip("needs a Hopper GPU")
   pop, out_f, in_f = 384, 512, 192  # 3 tiles of 64 pairs, 2 of 256 outputs
-  x = _normal(rng, (pop, 1, in_f), jnp.bfloat16)
-  weight = _normal(rng, (out_f, in_f), jnp.bfloat16) * 0.1
+  x = _normal(rng, (pop, 1, in_f), dtype)
+  weight = _normal(rng, (out_f, in_f), dtype) * 0.1
   bias = _normal(rng, (out_f,))
   seeds = _seeds(rng, pop, antithetic=True)
   config = config_lib.LowRankLinearConfig(fused_gemm=True)
   y = jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
       x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind=kind, antithetic=True, rank=2,
-      out_dtype=jnp.bfloat16, implementation="pallas", config=config))(x)
+      out_dtype=dtype, implementation="pallas", config=config))(x)
   expected = _dense_linear(x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind, True, 2)
   np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
                              atol=1e-2 * float(jnp.abs(expected).max()))

@@ -29,11 +29,17 @@ library's hash (:func:`jaxnoise.noise.hash_word` and the kind's integer
 arithmetic on whole arrays, with the reference.
 
 Eligible calls (:func:`unsupported_reason` says why not; the caller then
-takes the Triton path): a Hopper GPU; 16-bit x with one row per member in
-antithetic pairs; ``pop`` a multiple of 128, ``out`` of ``2 * gemm_tile_n``
-and ``in`` of ``gemm_tile_k``; the layer's noise indices within one
-``2**32`` window (in models of more than 4.3G parameters, the one layer
-per window boundary takes the Triton path).
+takes the Triton path): a Hopper GPU; 16-bit or float32 x with one row per
+member in antithetic pairs; ``pop`` a multiple of 128, ``out`` of
+``2 * gemm_tile_n`` and ``in`` of the step depth (:func:`step_depth`); the
+layer's noise indices within one ``2**32`` window (in models of more than
+4.3G parameters, the one layer per window boundary takes the Triton path).
+
+Float32 x is multiplied as TF32 (``wgmma`` reads float32 operands that way),
+which is what XLA's own GEMM does for float32 at the default precision on
+this GPU, so the fused path takes float32 only where
+``jax_default_matmul_precision`` leaves that choice to XLA (unset,
+"default", "fastest", "bfloat16" or "tensorfloat32").
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ _F32 = jnp.float32
 TILE_PAIRS = 64
 _STORE_COLS = 64
 _COMPUTE_WARPGROUPS = 2
+# jax_default_matmul_precision settings under which XLA may multiply float32 as
+# TF32 (or coarser) on this GPU: the fused GEMM's TF32 is then no less precise.
+_TF32_PRECISIONS = (None, "default", "fastest", "bfloat16", "tensorfloat32")
 
 
 def popcount(words: jax.Array) -> jax.Array:
@@ -132,10 +141,24 @@ def window_fits(offset: int, n_indices: int) -> bool:
   return n_indices <= 0 or (offset >> 32) == ((offset + n_indices - 1) >> 32)
 
 
+def step_depth(config: config_lib.LowRankLinearConfig, itemsize: int) -> int:
+  """Contracted features per pipeline step: ``config.gemm_tile_k`` in 16-bit, half in float32.
+
+  The same bytes per row either way (128 at the default, one swizzle group).
+
+  Example:
+    >>> step_depth(config_lib.LowRankLinearConfig(), 2), step_depth(
+    ...     config_lib.LowRankLinearConfig(), 4)
+    (64, 32)
+  """
+  return config.gemm_tile_k * 2 // itemsize
+
+
 def pipeline_stages(config: config_lib.LowRankLinearConfig, itemsize: int,
                     out_itemsize: int) -> int:
   """Deepest pipeline (at most ``config.gemm_stages``) whose tiles fit in shared memory; 0 if none."""
-  per_stage = (2 * TILE_PAIRS + _COMPUTE_WARPGROUPS * config.gemm_tile_n) * config.gemm_tile_k
+  per_stage = (2 * TILE_PAIRS + _COMPUTE_WARPGROUPS * config.gemm_tile_n) * step_depth(
+      config, itemsize)
   fixed = _COMPUTE_WARPGROUPS * 2 * TILE_PAIRS * _STORE_COLS * out_itemsize + 4096
   fitting = (_mosaic.SHARED_MEMORY_BYTES - fixed) // (per_stage * itemsize)
   return max(0, min(config.gemm_stages, fitting))
@@ -153,21 +176,27 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
     return f"needs per-individual x with one row per member, got shape {tuple(x_shape)}"
   if not antithetic:
     return "needs antithetic pairs"
-  if jnp.dtype(x_dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-    return f"needs bfloat16 or float16 x, got {jnp.dtype(x_dtype).name}"
+  x_dtype = jnp.dtype(x_dtype)
+  if x_dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32)):
+    return f"needs bfloat16, float16 or float32 x, got {x_dtype.name}"
+  precision = jax.config.jax_default_matmul_precision
+  if x_dtype == jnp.dtype(jnp.float32) and precision not in _TF32_PRECISIONS:
+    return (f"float32 x runs as TF32, finer than jax_default_matmul_precision="
+            f"{precision!r} allows")
   pop, _, in_features = x_shape
   if pop % (2 * TILE_PAIRS):
     return f"pop = {pop} is not a multiple of {2 * TILE_PAIRS}"
   if out_features % (_COMPUTE_WARPGROUPS * config.gemm_tile_n):
     return (f"out = {out_features} is not a multiple of "
             f"{_COMPUTE_WARPGROUPS * config.gemm_tile_n}")
-  if in_features % config.gemm_tile_k:
-    return f"in = {in_features} is not a multiple of {config.gemm_tile_k}"
+  depth = step_depth(config, x_dtype.itemsize)
+  if in_features % depth:
+    return f"in = {in_features} is not a multiple of {depth}"
   if rank > config_lib.MAX_KERNEL_RANK:
     return f"rank {rank} > {config_lib.MAX_KERNEL_RANK}"
   if not window_fits(offset, n_indices):
     return "the layer's noise indices cross a multiple of 2**32"
-  if pipeline_stages(config, jnp.dtype(x_dtype).itemsize, jnp.dtype(out_dtype).itemsize) < 2:
+  if pipeline_stages(config, x_dtype.itemsize, jnp.dtype(out_dtype).itemsize) < 2:
     return "the tiles do not fit twice in shared memory"
   return None
 
@@ -202,9 +231,9 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   bias_gmem, bias_coef_gmem, out_gmem = refs if bias_start is not None else (None, None) + refs
   n_pairs, depth = x_gmem.shape[0], x_gmem.shape[1] // 2
   n_out = w_gmem.shape[0]
-  tile_n, tile_k = config.gemm_tile_n, config.gemm_tile_k
-  cta_n = _COMPUTE_WARPGROUPS * tile_n
   itemsize = jnp.dtype(x_gmem.dtype).itemsize
+  tile_n, tile_k = config.gemm_tile_n, step_depth(config, itemsize)
+  cta_n = _COMPUTE_WARPGROUPS * tile_n
   swizzle = plgpu.find_swizzle(tile_k * itemsize * 8)
   transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
   out_itemsize = jnp.dtype(out_gmem.dtype).itemsize
@@ -315,7 +344,7 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
   """``(pop, 1, out)`` low-rank forward of one-row members in antithetic pairs, one Mosaic GEMM.
 
   Args:
-    x: ``(pop, 1, in)`` bfloat16 or float16.
+    x: ``(pop, 1, in)`` bfloat16, float16 or float32 (multiplied as TF32).
     weight: ``(out, in)``, cast to ``x``'s dtype.
     bias: ``(out,)`` or None.
     offset: the block's first noise index (static).
