@@ -445,6 +445,32 @@ def test_fused_forward_compiled_on_hopper(rng, kind, dtype):
                              atol=1e-2 * float(jnp.abs(expected).max()))
 
 
+@pytest.mark.gpu
+def test_fused_forward_vmapped_over_layers_on_hopper(rng):
+  """jax.vmap over stacked layers batches the Mosaic GPU kernel: each layer as called alone."""
+  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
+  if not _mosaic.is_hopper():
+    pytest.skip("needs a Hopper GPU")
+  layers, pop, out_f, in_f = 3, 256, 512, 128
+  x = _normal(rng, (layers, pop, 1, in_f), jnp.bfloat16)
+  weight = _normal(rng, (layers, out_f, in_f), jnp.bfloat16) * 0.1
+  seeds = _seeds(rng, pop, antithetic=True)
+  config = config_lib.LowRankLinearConfig(fused_gemm=True)
+
+  def layer(x, weight):
+    return jaxnoise.virtual_perturbed_linear(
+        x, weight, None, seeds, 0.5, 9, kind="binomial", antithetic=True, rank=2,
+        out_dtype=jnp.bfloat16, implementation="pallas", config=config)
+
+  stacked = jax.jit(jax.vmap(layer))(x, weight)
+  for i in range(layers):
+    np.testing.assert_array_equal(np.asarray(stacked[i], np.float32),
+                                  np.asarray(jax.jit(layer)(x[i], weight[i]), np.float32))
+  expected = _dense_linear(x[1], weight[1], None, seeds, 0.5, 9, "binomial", True, 2)
+  np.testing.assert_allclose(stacked[1].astype(jnp.float32), expected, rtol=2e-2,
+                             atol=1e-2 * float(jnp.abs(expected).max()))
+
+
 # ----------------------------------------------------------------------------
 # Per-individual functions, nn, optim.
 
