@@ -520,6 +520,8 @@ def main():
   parser.add_argument("--ranks", default="1,2,4,8,16", help="comma-separated ranks")
   parser.add_argument("--only", default="",
                       help="run cases whose name contains one of these |-separated strings")
+  parser.add_argument("--skip", default="",
+                      help="leave out cases whose name contains one of these |-separated strings")
   parser.add_argument("--budget", type=float, default=480.0, help="seconds before skipping")
   parser.add_argument("--replot", nargs=2, metavar=("JSON", "PNG"),
                       help="only redraw the figure of an earlier run")
@@ -540,6 +542,8 @@ def main():
   results = []
   for name, fn in cases:
     if args.only and not any(part in name for part in args.only.split("|")):
+      continue
+    if args.skip and any(part in name for part in args.skip.split("|")):
       continue
     _harness.run_case(results, name, fn, budget)
   payload = {"facts": _harness.device_facts(), "results": results}
