@@ -10,9 +10,9 @@ Modes (any combination, one process, one GPU):
   members with one input row each, bf16 and f32, side by side in one run:
   batch inference ``x W^T`` (the floor), EGGROLL's own ``do_mm`` (if its
   public code is importable from ``--eggroll-path``; it stays out of this
-  repository), the jaxnoise kernel (the library's default: in bf16 the fused
-  Mosaic GPU forward up to rank 4), the other bf16 path (``fused_gemm``
-  flipped) and the materialised-factor path, for
+  repository), the jaxnoise kernel (the library's default: on a Hopper GPU
+  the fused Mosaic GPU forward up to rank 4), the other path
+  (``fused_gemm`` flipped) and the materialised-factor path, for
   ranks 1, 2, 4, 8, 16 and each kind; then one ES step of that layer
   (forward + gradient estimate + update) against inference plus one GEMM of
   the layer's size.

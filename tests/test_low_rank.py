@@ -357,10 +357,12 @@ def test_fused_path_eligibility_names_the_reason(monkeypatch):
   assert "one row per member" in reason(shape=(256, 2, 512))
   assert "antithetic" in reason(antithetic=False)
   assert reason(dtype=jnp.float32, out_dtype=jnp.float32) is None
-  assert "float32" in reason(dtype=jnp.int8)
+  assert "got int8" in reason(dtype=jnp.int8)
   with jax.default_matmul_precision("highest"):
     assert "TF32" in reason(dtype=jnp.float32)
     assert reason() is None
+  with jax.default_matmul_precision("high"):
+    assert reason(dtype=jnp.float32) is None
   assert "in = 48 is not a multiple of 32" in reason(shape=(256, 1, 48), dtype=jnp.float32)
   assert "pop = 192" in reason(shape=(192, 1, 512))
   assert "out = 384" in reason(out_f=384)
@@ -437,9 +439,11 @@ def test_fused_forward_compiled_on_hopper(rng, kind, dtype):
   bias = _normal(rng, (out_f,))
   seeds = _seeds(rng, pop, antithetic=True)
   config = config_lib.LowRankLinearConfig(fused_gemm=True)
-  y = jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
+  forward = jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
       x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind=kind, antithetic=True, rank=2,
-      out_dtype=dtype, implementation="pallas", config=config))(x)
+      out_dtype=dtype, implementation="pallas", config=config))
+  assert "mosaic_gpu" in forward.lower(x).as_text()  # the fused path, not the Triton one
+  y = forward(x)
   expected = _dense_linear(x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind, True, 2)
   np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
                              atol=1e-2 * float(jnp.abs(expected).max()))
@@ -462,7 +466,9 @@ def test_fused_forward_vmapped_over_layers_on_hopper(rng):
         x, weight, None, seeds, 0.5, 9, kind="binomial", antithetic=True, rank=2,
         out_dtype=jnp.bfloat16, implementation="pallas", config=config)
 
-  stacked = jax.jit(jax.vmap(layer))(x, weight)
+  stacked_layers = jax.jit(jax.vmap(layer))
+  assert "mosaic_gpu" in stacked_layers.lower(x, weight).as_text()
+  stacked = stacked_layers(x, weight)
   for i in range(layers):
     np.testing.assert_array_equal(np.asarray(stacked[i], np.float32),
                                   np.asarray(jax.jit(layer)(x[i], weight[i]), np.float32))

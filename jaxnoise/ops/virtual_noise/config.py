@@ -305,9 +305,10 @@ class LowRankLinearConfig:
       antithetic pairs runs one Mosaic GPU GEMM that adds the noise term in
       its epilogue (:mod:`jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank`;
       ``x_i B_i`` from this kernel's reduce phase first). Calls it cannot
-      take (other GPUs, batches of rows, no antithetic pairs,
-      shapes off its tiles, a layer whose noise indices cross a multiple of
-      2**32) run the kernel above. :func:`low_rank_linear_heuristics` turns
+      take (other GPUs, batches of rows, no antithetic pairs, float32 x
+      under a ``jax_default_matmul_precision`` finer than TF32, shapes off
+      its tiles, a layer whose noise indices cross a multiple of 2**32) run
+      the kernel above. :func:`low_rank_linear_heuristics` turns
       it on up to rank 4 (a config built by hand has it off unless asked).
     gemm_tile_n: outputs per compute warpgroup of the fused GEMM (a program
       covers twice as many): 64 or 128 (two float32 accumulators of 64 x 256
@@ -367,15 +368,15 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
   kernel (``fuse_base``) was faster than XLA's separate add in 13 of 16
   paired configs of an earlier sweep.
 
-  The fused Mosaic GPU GEMM (``fused_gemm``): up to rank 2, and at rank 4
-  except for "rademacher". Measured in session 12 (bf16, the same shape,
+  The fused Mosaic GPU GEMM (``fused_gemm``): up to rank 2, and at ranks 3
+  and 4 except for "rademacher". Measured in session 12 (bf16, the same shape,
   device time), it is the faster path up to rank 4: 93.6-95.0% of inference
   at rank 1 in "binomial" against 91.9-92.9% for the Triton path,
   86.0-86.3% against 84.5-84.7% at rank 4 ("rademacher": faster at rank 1,
   equal at 2, 86.0% against 87.8% at 4; from rank 8 the Triton path is
   faster, 0.230 against 0.307 ms). Compiled checks (session 13) compared it
-  with the reference over 1-3 tiles of 64 pairs and at 1024 members x
-  (8192, 8192), every kind. With float32 x (TF32, session 13) it was 0.8-1.8
+  with the reference over 1-3 tiles of 64 pairs (every kind) and at 1024
+  members x (8192, 8192) (three kinds). With float32 x (TF32, session 13) it was 0.8-1.8
   points of inference faster at ranks 1 and 2 and within 0.3 at rank 4, so
   one rule serves both dtypes.
   """

@@ -38,8 +38,8 @@ layer's noise indices within one ``2**32`` window (in models of more than
 Float32 x is multiplied as TF32 (``wgmma`` reads float32 operands that way),
 which is what XLA's own GEMM does for float32 at the default precision on
 this GPU, so the fused path takes float32 only where
-``jax_default_matmul_precision`` leaves that choice to XLA (unset,
-"default", "fastest", "bfloat16" or "tensorfloat32").
+``jax_default_matmul_precision`` allows TF32 or coarser (unset, "default",
+"high", "tensorfloat32", "bfloat16", "TF32_TF32_F32" or "BF16_BF16_F32").
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ _STORE_COLS = 64
 _COMPUTE_WARPGROUPS = 2
 # jax_default_matmul_precision settings under which XLA may multiply float32 as
 # TF32 (or coarser) on this GPU: the fused GEMM's TF32 is then no less precise.
-_TF32_PRECISIONS = (None, "default", "fastest", "bfloat16", "tensorfloat32")
+_TF32_PRECISIONS = (None, "default", "high", "tensorfloat32", "bfloat16", "TF32_TF32_F32",
+                    "BF16_BF16_F32")
 
 
 def popcount(words: jax.Array) -> jax.Array:
@@ -181,8 +182,8 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
     return f"needs bfloat16, float16 or float32 x, got {x_dtype.name}"
   precision = jax.config.jax_default_matmul_precision
   if x_dtype == jnp.dtype(jnp.float32) and precision not in _TF32_PRECISIONS:
-    return (f"float32 x runs as TF32, finer than jax_default_matmul_precision="
-            f"{precision!r} allows")
+    return (f"float32 x runs as TF32, coarser than jax_default_matmul_precision="
+            f"{precision!r} asks for")
   pop, _, in_features = x_shape
   if pop % (2 * TILE_PAIRS):
     return f"pop = {pop} is not a multiple of {2 * TILE_PAIRS}"
