@@ -308,8 +308,8 @@ class LowRankLinearConfig:
       take (other GPUs, batches of rows, no antithetic pairs, float32 x
       under a ``jax_default_matmul_precision`` finer than TF32, shapes off
       its tiles, a layer whose noise indices cross a multiple of 2**32) run
-      the kernel above. :func:`low_rank_linear_heuristics` turns
-      it on up to rank 4 (a config built by hand has it off unless asked).
+      the kernel above. :func:`low_rank_linear_heuristics` turns it on up
+      to rank 4 (a config built by hand has it off unless asked).
     gemm_tile_n: outputs per compute warpgroup of the fused GEMM (a program
       covers twice as many): 64 or 128 (two float32 accumulators of 64 x 256
       would take every register).
@@ -376,9 +376,9 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
   equal at 2, 86.0% against 87.8% at 4; from rank 8 the Triton path is
   faster, 0.230 against 0.307 ms). Compiled checks (session 13) compared it
   with the reference over 1-3 tiles of 64 pairs (every kind) and at 1024
-  members x (8192, 8192) (three kinds). With float32 x (TF32, session 13) it was 0.8-1.8
-  points of inference faster at ranks 1 and 2 and within 0.3 at rank 4, so
-  one rule serves both dtypes.
+  members x (8192, 8192) (three kinds). With float32 x (TF32, session 13)
+  it was 0.8-1.8 points of inference faster at ranks 1 and 2 and within 0.3
+  at rank 4, so one rule serves both dtypes.
   """
   block_batch = min(16, next_pow2(batch))
   width = max(32, 4096 // block_batch)

@@ -143,7 +143,7 @@ def window_fits(offset: int, n_indices: int) -> bool:
 
 
 def step_depth(config: config_lib.LowRankLinearConfig, itemsize: int) -> int:
-  """Contracted features per pipeline step: ``config.gemm_tile_k`` in 16-bit, half in float32.
+  """Contracted features per pipeline step: ``gemm_tile_k`` in 16-bit, half in float32.
 
   The same bytes per row either way (128 at the default, one swizzle group).
 
