@@ -38,14 +38,19 @@ def median_time(fn: Callable, *args, warmup: int = 2, repeats: int = 10, inner: 
   Each group queues ``inner`` calls (asynchronous dispatch keeps the device
   busy) and blocks once, so host dispatch overhead is amortised. ``warmup``
   calls (compilation included) are not timed. The number of groups shrinks
-  when one call is long, keeping a case under ``max_seconds``.
+  when one call is long, keeping a case under ``max_seconds``; a call's
+  length is taken from the warm-up calls after the first, so a slow compile
+  does not shrink the groups of a fast call (it did before 2026-12-02, and
+  the wall-clock column then timed one blocking call where compiles were
+  slow, such as the fused low-rank forward's).
   """
-  out = None
+  out = fn(*args)
+  jax.block_until_ready(out)
   start = time.perf_counter()
-  for _ in range(warmup):
+  for _ in range(max(1, warmup - 1)):
     out = fn(*args)
     jax.block_until_ready(out)
-  per_call = (time.perf_counter() - start) / max(1, warmup)
+  per_call = (time.perf_counter() - start) / max(1, warmup - 1)
   if per_call * repeats * inner > max_seconds:
     inner = 1
     repeats = max(10, min(repeats, int(max_seconds / max(per_call, 1e-9))))

@@ -485,7 +485,9 @@ def plot(results, path):
     for r in rows:
       if r["dtype"] != dtype:
         continue
-      label = r["variant"] if r["variant"] == "eggroll" else f"jaxnoise {r['kind']} {r['variant']}"
+      # "kernel" rows are the library's default path (fused GEMM to rank 4, Triton above).
+      variant = {"kernel": "default"}.get(r["variant"], r["variant"])
+      label = variant if variant == "eggroll" else f"jaxnoise {r['kind']} {variant}"
       series.setdefault(label, []).append((r["rank"], r[metric]))
     for label, points in sorted(series.items()):
       points.sort()

@@ -372,6 +372,33 @@ def test_fused_path_eligibility_names_the_reason(monkeypatch):
   assert "rank" in reason(rank=config_lib.MAX_KERNEL_RANK + 1)
 
 
+@pytest.mark.parametrize("tile_n", [64, 128])
+@pytest.mark.parametrize("itemsize,out_itemsize", [(2, 2), (2, 4), (4, 4), (4, 2)])
+def test_shared_memory_plan_fits_and_prefers_depth(tile_n, itemsize, out_itemsize):
+  """The fused GEMM's pipeline and output chunks fit a Hopper block; depth wins over chunk width."""
+  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  for max_stages in range(1, 8):
+    config = config_lib.LowRankLinearConfig(gemm_tile_n=tile_n, gemm_stages=max_stages)
+    stages, store_cols = fused.shared_memory_plan(config, itemsize, out_itemsize)
+    per_stage = (128 + 2 * tile_n) * fused.step_depth(config, itemsize) * itemsize
+
+    def used(stages, store_cols):
+      return stages * per_stage + 2 * 2 * 64 * store_cols * out_itemsize + 4096
+
+    narrowest = 32 // out_itemsize
+    if max_stages < 2 or used(2, narrowest) > _mosaic.SHARED_MEMORY_BYTES:
+      assert (stages, store_cols) == (0, 0)
+      continue
+    assert 2 <= stages <= max_stages
+    assert used(stages, store_cols) <= _mosaic.SHARED_MEMORY_BYTES
+    assert tile_n % store_cols == 0 and store_cols * out_itemsize in (32, 64, 128)
+    if stages < max_stages:  # one more stage would not fit even with the narrowest chunks
+      assert used(stages + 1, narrowest) > _mosaic.SHARED_MEMORY_BYTES
+    if store_cols * out_itemsize < 128:  # a wider chunk would not fit beside these stages
+      assert used(stages, 2 * store_cols) > _mosaic.SHARED_MEMORY_BYTES
+
+
 @pytest.mark.parametrize("kind,with_bias,rank,x_dtype,out_dtype", [
     ("binomial", True, 1, jnp.bfloat16, jnp.bfloat16),
     ("binomial", False, 4, jnp.bfloat16, jnp.float32),

@@ -316,10 +316,14 @@ class LowRankLinearConfig:
     gemm_tile_k: contracted features per pipeline step of the fused GEMM
       with 16-bit x (float32 x: half as many, the same bytes).
     gemm_stages: the fused GEMM's pipeline depth (lowered to what fits in
-      shared memory).
+      shared memory beside the output chunks:
+      :func:`~jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank.shared_memory_plan`).
     gemm_grid_width: the fused GEMM's tile order (``plgpu.planar_snake``):
       bands of this many output-column tiles, the pair-row tiles walked
-      inside each band (L2 reuse).
+      inside each band (L2 reuse). 1 (each column tile of ``W`` read by
+      the programs of every pair tile in turn, ``x`` kept in L2) was the
+      fastest of 1-16 on an H200 (session 14: 1-2 µs ahead of 4 in bf16 at
+      ranks 1 and 4 and 3 µs in float32).
   """
 
   block_batch: int = 1
@@ -333,7 +337,7 @@ class LowRankLinearConfig:
   gemm_tile_n: int = 128
   gemm_tile_k: int = 64
   gemm_stages: int = 4
-  gemm_grid_width: int = 4
+  gemm_grid_width: int = 1
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")

@@ -62,7 +62,8 @@ _F32 = jnp.float32
 
 # Antithetic pairs per tile: one wgmma row group of 64 per sign.
 TILE_PAIRS = 64
-_STORE_COLS = 64
+# Shared memory left to the pipeline's barriers.
+_BARRIER_BYTES = 4096
 _COMPUTE_WARPGROUPS = 2
 # jax_default_matmul_precision settings under which XLA may multiply float32 as
 # TF32 (or coarser) on this GPU: the fused GEMM's TF32 is then no less precise.
@@ -155,14 +156,34 @@ def step_depth(config: config_lib.LowRankLinearConfig, itemsize: int) -> int:
   return config.gemm_tile_k * 2 // itemsize
 
 
-def pipeline_stages(config: config_lib.LowRankLinearConfig, itemsize: int,
-                    out_itemsize: int) -> int:
-  """Deepest pipeline (at most ``config.gemm_stages``) whose tiles fit in shared memory; 0 if none."""
+def shared_memory_plan(config: config_lib.LowRankLinearConfig, itemsize: int,
+                       out_itemsize: int) -> tuple[int, int]:
+  """``(stages, store_cols)``: the pipeline depth and the epilogue's store width that fit.
+
+  Shared memory holds ``stages`` steps of input tiles and, per compute
+  warpgroup, two output chunks of ``(64, store_cols)`` that stream the
+  finished tile out (one is written while the other's copy is in flight).
+  The deepest pipeline (at most ``config.gemm_stages``) comes first, then
+  the widest chunk (128 bytes a row, else 64 or 32) that fits beside it:
+  on a Hopper GPU (227 KiB a block) four 128x256 steps of 64 bf16 or 32
+  float32 features leave room for 64-byte chunks, not for 128-byte ones.
+  ``(0, 0)`` if not even two steps fit.
+
+  Example:
+    >>> shared_memory_plan(config_lib.LowRankLinearConfig(), 2, 2)
+    (4, 32)
+    >>> shared_memory_plan(config_lib.LowRankLinearConfig(gemm_stages=3), 4, 4)
+    (3, 32)
+  """
   per_stage = (2 * TILE_PAIRS + _COMPUTE_WARPGROUPS * config.gemm_tile_n) * step_depth(
-      config, itemsize)
-  fixed = _COMPUTE_WARPGROUPS * 2 * TILE_PAIRS * _STORE_COLS * out_itemsize + 4096
-  fitting = (_mosaic.SHARED_MEMORY_BYTES - fixed) // (per_stage * itemsize)
-  return max(0, min(config.gemm_stages, fitting))
+      config, itemsize) * itemsize
+  for stages in range(config.gemm_stages, 1, -1):
+    for row_bytes in (128, 64, 32):
+      store_cols = min(row_bytes // out_itemsize, config.gemm_tile_n)
+      chunks = _COMPUTE_WARPGROUPS * 2 * TILE_PAIRS * store_cols * out_itemsize
+      if stages * per_stage + chunks + _BARRIER_BYTES <= _mosaic.SHARED_MEMORY_BYTES:
+        return stages, store_cols
+  return 0, 0
 
 
 def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indices: int,
@@ -197,7 +218,7 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
     return f"rank {rank} > {config_lib.MAX_KERNEL_RANK}"
   if not window_fits(offset, n_indices):
     return "the layer's noise indices cross a multiple of 2**32"
-  if pipeline_stages(config, x_dtype.itemsize, jnp.dtype(out_dtype).itemsize) < 2:
+  if shared_memory_plan(config, x_dtype.itemsize, jnp.dtype(out_dtype).itemsize)[0] < 2:
     return "the tiles do not fit twice in shared memory"
   return None
 
@@ -228,7 +249,7 @@ def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *
 def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                     kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
                     bias_start: int | None, config: config_lib.LowRankLinearConfig,
-                    stages: int):
+                    stages: int, store_cols: int):
   bias_gmem, bias_coef_gmem, out_gmem = refs if bias_start is not None else (None, None) + refs
   n_pairs, depth = x_gmem.shape[0], x_gmem.shape[1] // 2
   n_out = w_gmem.shape[0]
@@ -238,7 +259,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   swizzle = plgpu.find_swizzle(tile_k * itemsize * 8)
   transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
   out_itemsize = jnp.dtype(out_gmem.dtype).itemsize
-  out_swizzle = plgpu.find_swizzle(_STORE_COLS * out_itemsize * 8)
+  out_swizzle = plgpu.find_swizzle(store_cols * out_itemsize * 8)
   out_transforms = (plgpu.TilingTransform((8, out_swizzle // out_itemsize)),
                     plgpu.SwizzleTransform(out_swizzle))
   m_tiles, n_tiles = n_pairs // TILE_PAIRS, n_out // cta_n
@@ -262,7 +283,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   @functools.partial(
       pl.run_scoped,
       allocations=pipeline(ignore, ignore).get_allocations(x_plus, x_minus, w_gmem),
-      out_smem=plgpu.SMEM((_COMPUTE_WARPGROUPS, 2, TILE_PAIRS, _STORE_COLS), out_gmem.dtype,
+      out_smem=plgpu.SMEM((_COMPUTE_WARPGROUPS, 2, TILE_PAIRS, store_cols), out_gmem.dtype,
                           transforms=out_transforms),
       collective_axes="wg")
   def _scope(allocations, out_smem):
@@ -303,16 +324,16 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
           run_pipeline((plus_ref, minus_ref))
           outs = epilogue((plus_ref[...], minus_ref[...]))
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          for i, (sign, c) in enumerate((s, c) for c in range(tile_n // _STORE_COLS)
+          for i, (sign, c) in enumerate((s, c) for c in range(tile_n // store_cols)
                                         for s in range(2)):
             slot = i % 2
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-            out_smem[wg, slot] = outs[sign][:, c * _STORE_COLS:(c + 1) * _STORE_COLS].astype(
+            out_smem[wg, slot] = outs[sign][:, c * store_cols:(c + 1) * store_cols].astype(
                 out_gmem.dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(
                 out_smem.at[wg, slot],
-                out_gmem.at[pairs_at, pl.ds(sign * n_out + col0 + c * _STORE_COLS, _STORE_COLS)])
+                out_gmem.at[pairs_at, pl.ds(sign * n_out + col0 + c * store_cols, store_cols)])
 
       def multiply(_, plus_smem, minus_smem, w_smem, accs):
         w_tile = w_smem.at[pl.ds(wg * tile_n, tile_n)].transpose((1, 0))
@@ -363,8 +384,9 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
   pop, _, in_features = x.shape
   out_features = weight.shape[0]
   keys, coef, bias_coef = operands
-  stages = pipeline_stages(config, jnp.dtype(x.dtype).itemsize, jnp.dtype(out_dtype).itemsize)
-  body = functools.partial(_forward_kernel, config=config, stages=stages,
+  stages, store_cols = shared_memory_plan(config, jnp.dtype(x.dtype).itemsize,
+                                          jnp.dtype(out_dtype).itemsize)
+  body = functools.partial(_forward_kernel, config=config, stages=stages, store_cols=store_cols,
                            **_statics(kind, weight.shape, offset, rank, bias is not None))
   call = _mosaic.kernel(
       body, out_type=jax.ShapeDtypeStruct((pop // 2, 2 * out_features), out_dtype),
