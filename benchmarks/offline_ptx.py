@@ -12,7 +12,8 @@ pipeline (close to, not the same as, XLA's fork of it) and prints the PTX
 instruction mix and the instructions per element of the program's tile (a
 loop body appears once in the PTX, so a kernel's count is per loop step). It
 predicts a change's effect on an issue-bound kernel before a GPU run; it does
-not time anything. Files go to ``--out`` (TTIR, TTGIR, PTX).
+not time anything. Files go to ``--out`` (TTIR, TTGIR, PTX; SASS with
+``--sass``, which also counts the SASS instructions per element).
 
 Used in session 7 (benchmarks/RESULTS.md): the counter update's rounding in
 SPEC's form took the 8192^2 float32 update from 44.0 to 39.7 PTX instructions
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 _INSTRUCTION = re.compile(r"^\s+(?:@!?%p\d+\s+)?([a-z][\w.]*)", re.MULTILINE)
+_SASS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
 def capture_ttir(fn, *shapes) -> str:
@@ -155,6 +157,8 @@ def main(argv=None):
   parser.add_argument("--rank", type=int, default=1)
   parser.add_argument("--kind", default="binomial")
   parser.add_argument("--out", default="benchmarks/out/offline_ptx")
+  parser.add_argument("--sass", action="store_true",
+                      help="also count SASS (the bundled ptxas and nvdisasm)")
   args = parser.parse_args(argv)
   import triton  # pylint: disable=g-import-not-at-top
   from triton.backends.compiler import GPUTarget  # pylint: disable=g-import-not-at-top
@@ -175,6 +179,33 @@ def main(argv=None):
   print(f"{args.case} {args.dims} {args.dtype}: {config}")
   print(f"{total} PTX instructions per thread; {elements} elements per program over "
         f"{threads} threads: {total * threads / elements:.1f} instructions per element")
+  for name, count in counts.most_common(25):
+    print(f"  {count:6d}  {name}")
+  if args.sass:
+    print_sass(compiled, out / f"{stem}.sass", threads, elements)
+
+
+def print_sass(compiled, path, threads, elements):
+  """SASS of the cubin (ptxas as bundled with ``triton``), disassembled by its ``nvdisasm``.
+
+  SASS is what Nsight Compute counts: ptxas fuses logic ops into ``LOP3`` and
+  shift-adds into ``LEA``, so it can differ from the PTX count either way.
+  """
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import triton  # pylint: disable=g-import-not-at-top
+  nvdisasm = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
+  with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+    cubin.write(compiled.asm["cubin"])
+    cubin.flush()
+    sass = subprocess.run([str(nvdisasm), "-c", cubin.name], capture_output=True, text=True,
+                          check=True).stdout
+  path.write_text(sass)
+  ops = [op.split(".")[0] for op in _SASS.findall(sass)]
+  counts = collections.Counter(op for op in ops if op != "NOP")
+  total = sum(counts.values())
+  print(f"{total} SASS instructions per thread (NOPs left out): "
+        f"{total * threads / elements:.1f} per element")
   for name, count in counts.most_common(25):
     print(f"  {count:6d}  {name}")
 
