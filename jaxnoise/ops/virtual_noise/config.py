@@ -322,8 +322,8 @@ class LowRankLinearConfig:
       bands of this many output-column tiles, the pair-row tiles walked
       inside each band (L2 reuse). 1 (each column tile of ``W`` read by
       the programs of every pair tile in turn, ``x`` kept in L2) was the
-      fastest of 1-16 on an H200 (session 14: 1-2 µs ahead of 4 in bf16 at
-      ranks 1 and 4 and 3 µs in float32).
+      fastest of 1-16 on an H200 (session 14: 2-2.5 µs ahead of 4 in bf16 at
+      ranks 1 and 4, 3.4 µs in float32).
   """
 
   block_batch: int = 1
