@@ -52,6 +52,10 @@ def _layer(key, pop, d, dtype):
   return x, w, jnp.arange(pop, dtype=jnp.uint32) * 7 + 3
 
 
+# The floor: XLA's GEMM of every member's row against the shared W.
+_floor = jax.jit(lambda x, w: jnp.einsum("pbk,ok->pbo", x, w))
+
+
 def _print(case):
   print(json.dumps(case, default=str), flush=True)
 
@@ -87,7 +91,6 @@ def tune_fused(args, budget, results):
   key = jax.random.key(0)
   layers = {dtype: _layer(jax.random.fold_in(key, i), pop, d, dtype)
             for i, dtype in enumerate((jnp.bfloat16, jnp.float32))}
-  floor = jax.jit(lambda x, w: jnp.einsum("pbk,ok->pbo", x, w))
   parts = args.parts.split(",")
 
   def record(case):
@@ -122,7 +125,7 @@ def tune_fused(args, budget, results):
                                           (8192, 1))]
     for dtype, rank in itertools.product(layers, (1, 2, 4)):
       x, w, seeds = layers[dtype]
-      floor_busy = _harness.device_busy(floor, x, w)
+      floor_busy = _harness.device_busy(_floor, x, w)
       default = config_lib.low_rank_linear_heuristics(1, d, d, rank, kind.name)
       for warps, block, stages in [(None, None, None)] + operand_grid:
         if not budget.ok():
@@ -143,7 +146,7 @@ def tune_fused(args, budget, results):
     gemm_grid += [dict(gemm_tile_k=128, gemm_stages=stages) for stages in (2, 3)]
     for dtype, rank in ((jnp.bfloat16, 1), (jnp.float32, 1), (jnp.bfloat16, 4)):
       x, w, seeds = layers[dtype]
-      floor_busy = _harness.device_busy(floor, x, w)
+      floor_busy = _harness.device_busy(_floor, x, w)
       default = config_lib.low_rank_linear_heuristics(1, d, d, rank, kind.name)
       reference = _fused_forward(kind, rank, dtype, dataclasses.replace(
           default, fused_gemm=False))(x, w, seeds).astype(jnp.float32)
@@ -180,13 +183,10 @@ def main():
   key = jax.random.key(0)
   grid = list(itertools.product((4, 8), (1, 3), (1024, 2048, 4096)))
   for dtype, rank in itertools.product((jnp.bfloat16, jnp.float32), (1, 4)):
-    kx, kw, key = jax.random.split(key, 3)
-    x = jax.random.normal(kx, (pop, 1, d), dtype)
-    w = (jax.random.normal(kw, (d, d), jnp.float32) / d ** 0.5).astype(dtype)
-    seeds = jnp.arange(pop, dtype=jnp.uint32) * 7 + 3
-    floor = jax.jit(lambda x, w: jnp.einsum("pbk,ok->pbo", x, w))
-    floor_busy = _harness.device_busy(floor, x, w)
-    floor_wall = _harness.median_time(floor, x, w, repeats=20, inner=10)
+    layer_key, key = jax.random.split(key)
+    x, w, seeds = _layer(layer_key, pop, d, dtype)
+    floor_busy = _harness.device_busy(_floor, x, w)
+    floor_wall = _harness.median_time(_floor, x, w, repeats=20, inner=10)
     default = config_lib.low_rank_linear_heuristics(1, d, d, rank)
     configs = [("default", default)]
     for warps, stages, block in grid:
