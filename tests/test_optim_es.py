@@ -15,6 +15,8 @@ import pytest
 from flax import nnx
 
 from jaxnoise.nn.population import fitness_gradient, perturb_params
+from jaxnoise.ops.virtual_noise import config as config_lib
+from jaxnoise.optim import es as es_lib
 from jaxnoise.optim.es import (EvolutionStrategyState, centered_rank, evolution_strategy,
                                replace_nonfinite, shape_fitness, z_score)
 
@@ -58,6 +60,23 @@ def test_centered_rank_matches_average_ranks_with_many_ties(rng, pop):
   # Batched populations shape each row on its own.
   batch = jnp.stack([jnp.asarray(values), -jnp.asarray(values)])
   np.testing.assert_array_equal(jax.vmap(centered_rank)(batch)[0], shaped)
+
+
+@pytest.mark.parametrize("pop", [2, 33, 1024, 1025])
+def test_centered_rank_counting_and_sorting_agree_bit_for_bit(rng, pop):
+  # Below the limit ranks are counted, above it sorted: the two must give the same bits.
+  # Long tie runs (-0.0 beside 0.0) mixed with distinct values.
+  values = np.where(rng.random(pop) < 0.5, rng.integers(-4, 5, size=pop) * 0.75,
+                    rng.normal(size=pop)).astype(np.float32)
+  values[rng.random(pop) < 0.1] = -0.0
+  fitness = jnp.asarray(values)
+  counted = jax.jit(es_lib._average_ranks_by_counting)(fitness)
+  sorted_ = jax.jit(es_lib._average_ranks_by_sorting)(fitness)
+  np.testing.assert_array_equal(np.asarray(counted).view(np.uint32),
+                                np.asarray(sorted_).view(np.uint32))
+  below = (values[None, :] < values[:, None]).sum(axis=1)
+  up_to = (values[None, :] <= values[:, None]).sum(axis=1)
+  np.testing.assert_array_equal(counted, (below + up_to - 1) / 2.0)
 
 
 def test_z_score_and_raw(rng):
@@ -324,3 +343,40 @@ def test_minimal_example_trains_well_above_chance():
   accuracy = float(re.search(r"test accuracy .*: ([0-9.]+)", result.stdout).group(1))
   assert accuracy > 0.6, result.stdout  # chance is 0.1
   assert len((REPO / "examples" / "es_nnx_minimal.py").read_text().splitlines()) < 30
+
+
+def test_config_tuple_routes_each_op_its_config_and_xla_gemm_drops_the_barrier():
+  # One ES config argument carries the forward's and the estimate's configs: each op takes
+  # its own type (a LowRankGradientConfig once reached the bias gradient and the forward).
+  model = nnx.Sequential(nnx.Linear(12, 9, rngs=nnx.Rngs(0)), nnx.relu,
+                         nnx.Linear(9, 5, rngs=nnx.Rngs(1)))
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(4, 12)), jnp.float32)
+  loss = lambda m, x: -jnp.mean(jnp.square(m(x)))
+  results = {}
+  for name, config in (("none", None),
+                       ("tuple", (config_lib.LowRankLinearConfig(materialize=True),
+                                  config_lib.LowRankGradientConfig(xla_gemm=True))),
+                       ("gradient only", config_lib.LowRankGradientConfig(xla_gemm=True))):
+    es = evolution_strategy(0.05, optax.sgd(0.1), pop_size=8, rank=1, config=config,
+                            implementation="interpret")
+    state = es.init(model)
+    seeds, state = es.ask(state)
+    fitness = es.evaluate(model, seeds, loss, x)
+    ascent = es.gradient(es.shape(fitness)[0], seeds, model)
+    finish = jax.jit(es.apply_gradient)
+    barriers = finish.lower(ascent, 0, state, model).as_text().count("optimization_barrier")
+    results[name] = (fitness, jax.jit(es.update)(fitness, state, model)[0], barriers)
+  reference_fitness, reference_updates, reference_barriers = results["none"]
+  for name in ("tuple", "gradient only"):
+    fitness, updates, barriers = results[name]
+    np.testing.assert_allclose(fitness, reference_fitness, rtol=1e-5, atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                 updates, reference_updates)
+    # The barrier between estimate and optimizer goes with XLA's GEMM, which fixes no order.
+    assert (reference_barriers, barriers) == (1, 0), name
+  with pytest.raises(TypeError, match="config must be None, a kernel config"):
+    evolution_strategy(0.05, optax.sgd(0.1), pop_size=8, config=("tiles",))
+  with pytest.raises(ValueError, match="two LowRankGradientConfig"):
+    evolution_strategy(0.05, optax.sgd(0.1), pop_size=8,
+                       config=(config_lib.LowRankGradientConfig(),
+                               config_lib.LowRankGradientConfig(xla_gemm=True)))

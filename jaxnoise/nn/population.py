@@ -484,7 +484,10 @@ def population_apply(
     kind: noise kind.
     antithetic: antithetic pairs.
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
-    config: hashable kernel config or None.
+    config: None, a kernel config or a tuple of them: the fused layers take
+      the :class:`~jaxnoise.ops.virtual_noise.config.PerturbedLinearConfig`
+      (full rank) or ``LowRankLinearConfig`` (``rank``) in it, and ignore
+      the other types (see ``config_for_op``).
     wrt: ``nnx`` filter of the perturbed state.
     fuse_linear: fuse linear layers (see above).
     rank: None (full rank), or the rank of the linear kernels' low-rank noise
@@ -542,6 +545,9 @@ def apply_split(graphdef, params, rest, layout: ParameterLayout, seeds, sigma, f
   if missing:
     raise ValueError(f"gather_kernels names layers that are not fused: {sorted(missing)}")
   token = next(_FUSED_TOKENS)
+  linear_config = config_lib.config_for_op(
+      config, config_lib.PerturbedLinearConfig if layout.rank is None
+      else config_lib.LowRankLinearConfig)
 
   def one_individual(seed, sign):
     perturbed = perturb_params(params, seed, sigma, layout=layout, sign=sign, kind=kind,
@@ -559,7 +565,7 @@ def apply_split(graphdef, params, rest, layout: ParameterLayout, seeds, sigma, f
       setattr(module, linear_lib.FUSED_KEY_ATTRIBUTE, key)
       registry[key] = linear_lib.FusedLinearNoise(
           seed=seed, sign=sign, sigma=sigma, offset=linear.offset, kind=kind,
-          antithetic=antithetic, implementation=implementation, config=config,
+          antithetic=antithetic, implementation=implementation, config=linear_config,
           perturb_bias=linear.perturb_bias, rank=layout.rank,
           gather_kernel=gather_kernels.get(tuple(module_path)))
     with linear_lib.fused_noise_scope(registry):
@@ -575,10 +581,13 @@ def apply_split(graphdef, params, rest, layout: ParameterLayout, seeds, sigma, f
 
 def _leaf_gradient(block: NoiseBlock, fitness, seeds, sigma, pop_size, kind, antithetic,
                    implementation, config):
-  common = dict(kind=kind, antithetic=antithetic, implementation=implementation, config=config)
+  # Each leaf's op takes the config of its own type; the others pick their heuristics.
+  config_type = (config_lib.LowRankGradientConfig if block.rank is not None
+                 else config_lib.NoiseGradientConfig)
+  common = dict(kind=kind, antithetic=antithetic, implementation=implementation,
+                config=config_lib.config_for_op(config, config_type))
   shape = block.noise_shape
   if block.rank is not None:
-    common["config"] = config if isinstance(config, config_lib.LowRankGradientConfig) else None
     grad = ops.virtual_weight_gradient(fitness, seeds, shape, sigma, pop_size, block.offset,
                                        rank=block.rank, **common)
   elif len(shape) >= 2:
@@ -623,7 +632,10 @@ def fitness_gradient(
     kind: noise kind.
     antithetic: antithetic pairs.
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
-    config: hashable kernel config or None.
+    config: None, a kernel config or a tuple of them: full-rank leaves take
+      the :class:`~jaxnoise.ops.virtual_noise.config.NoiseGradientConfig` in
+      it, low-rank matrices the ``LowRankGradientConfig``; other types are
+      ignored (see ``config_for_op``).
     wrt: ``nnx`` filter of the perturbed state (models only).
     layout: layout override (default: :func:`parameter_layout`).
     pop_size: divisor's population size (default ``len(fitness)``).

@@ -122,6 +122,7 @@ from flax import nnx
 from jaxnoise import noise as noise_lib
 from jaxnoise.nn import population as population_lib
 from jaxnoise.ops import _common
+from jaxnoise.ops.virtual_noise import config as vn_config
 
 __all__ = [
     "FITNESS_SHAPINGS",
@@ -144,6 +145,12 @@ _GRADIENT_BOUND = 2.0**40
 _NOISE_BOUND = 8.0
 # z-score divides by max|f| first above this (the sum and the squares stay finite).
 _Z_SCORE_PRESCALE = 2.0**50
+# centered_rank counts comparisons up to this population (one fused reduction of pop**2
+# comparisons) and sorts above it; both give the same bits. On an H200 at pop 1024 the
+# sort, its scans and its scatter were three kernels and ~16 us of a 0.48 ms ES step
+# (benchmarks/RESULTS.md, session 14); on a 2-core CPU counting took 1.1 ms against
+# 0.37 ms for the sort at pop 1024, and 14 ms against 0.37 ms at 2048.
+_COUNTED_RANKS_MAX_POP = 1024
 
 
 class EvolutionStrategyState(NamedTuple):
@@ -181,6 +188,30 @@ def centered_rank(fitness: jax.Array) -> jax.Array:
   pop = fitness.shape[0]
   if pop == 1:
     return jnp.zeros_like(fitness)
+  if pop <= _COUNTED_RANKS_MAX_POP:
+    average_rank = _average_ranks_by_counting(fitness)
+  else:
+    average_rank = _average_ranks_by_sorting(fitness)
+  # Sealed: the product is never fused into the subtraction in one program and not another.
+  return _common.sealed(average_rank / jnp.float32(pop - 1)) - 0.5
+
+
+def _average_ranks_by_counting(fitness: jax.Array) -> jax.Array:
+  """Average ranks (ties share theirs) from ``pop**2`` comparisons: one fused reduction.
+
+  Rank ``less + (equal - 1) / 2``, with ``less`` the members below and
+  ``equal`` the members equal (itself included): the mean of the tie run's
+  first and last sorted positions, as :func:`_average_ranks_by_sorting` gives
+  it, bit for bit (integers below ``2**24``, halved).
+  """
+  below = jnp.sum(fitness[None, :] < fitness[:, None], axis=1, dtype=jnp.int32)
+  equal = jnp.sum(fitness[None, :] == fitness[:, None], axis=1, dtype=jnp.int32)
+  return (2 * below + equal - 1).astype(jnp.float32) / 2.0
+
+
+def _average_ranks_by_sorting(fitness: jax.Array) -> jax.Array:
+  """Average ranks (ties share theirs) from one sort: ``O(pop log pop)``."""
+  pop = fitness.shape[0]
   # One sort carrying the positions, then each tie run's first and last sorted position by
   # a max / min scan; the average rank goes back to its individual by one scatter. (Two
   # jnp.searchsorted calls cost ~0.1 ms on an H200 at pop 1024, mostly in tiny copies of
@@ -192,10 +223,8 @@ def centered_rank(fitness: jax.Array) -> jax.Array:
   run_ends = jnp.concatenate([differs, jnp.ones((1,), bool)])
   first = jax.lax.cummax(jnp.where(run_starts, position, 0))
   last = jax.lax.cummin(jnp.where(run_ends, position, pop), reverse=True)
-  average_rank = jnp.zeros((pop,), jnp.float32).at[order].set(
+  return jnp.zeros((pop,), jnp.float32).at[order].set(
       (first + last).astype(jnp.float32) / 2.0, unique_indices=True, mode="promise_in_bounds")
-  # Sealed: the product is never fused into the subtraction in one program and not another.
-  return _common.sealed(average_rank / jnp.float32(pop - 1)) - 0.5
 
 
 def z_score(fitness: jax.Array) -> jax.Array:
@@ -322,7 +351,9 @@ class EvolutionStrategy:
     nonfinite: one of :data:`NONFINITE_POLICIES`.
     kind: noise kind.
     implementation: op implementation.
-    config: hashable kernel config or None.
+    config: None, a kernel config or a tuple of them (at most one per type):
+      :meth:`evaluate` and :meth:`gradient` each hand every op the config of
+      its type (``config_for_op`` in :mod:`jaxnoise.ops.virtual_noise.config`).
     wrt: ``nnx`` filter of a model's ES parameters.
     layout: explicit :class:`~jaxnoise.nn.population.ParameterLayout` (e.g.
       of an ``nnx.State``), or None to derive it from ``params``.
@@ -469,7 +500,8 @@ class EvolutionStrategy:
     # Barriers here and in apply_gradient keep XLA from fusing shaping, estimate
     # and optimizer into one another, so each stage's float arithmetic is the
     # same however the estimate is formed (one device or parameter shards,
-    # jaxnoise.parallel.sharded_update): the two agree bit for bit.
+    # jaxnoise.parallel.sharded_update): the two agree bit for bit. (Not the one
+    # before the optimizer with xla_gemm=True: see _fixed_order_estimate.)
     shaped, count, rescaled = jax.lax.optimization_barrier(self.shape_and_bound(fitness))
     ascent = self.gradient(shaped, seeds, params)
     return self.apply_gradient(ascent, count, state, params, rescaled)
@@ -483,6 +515,18 @@ class EvolutionStrategy:
     # Sealed (an addition), so the gradient's first subtraction sees the same bits in
     # any program (jaxnoise.parallel.sharded_update and update agree bit for bit).
     return _common.sealed(shaped), count, rescaled
+
+  @property
+  def _fixed_order_estimate(self) -> bool:
+    """False when the estimate comes from XLA's GEMM (``LowRankGradientConfig(xla_gemm=True)``).
+
+    Its summation order follows the GEMM's shape, so one device and parameter
+    shards agree to float rounding only and the barrier before the optimizer
+    protects nothing; without it XLA can fuse the inner optimizer into the
+    GEMM's epilogue (one pass over the weight fewer).
+    """
+    gradient_config = vn_config.config_for_op(self.config, vn_config.LowRankGradientConfig)
+    return not (gradient_config is not None and gradient_config.xla_gemm)
 
   def apply_gradient(self, ascent: Any, nonfinite_count: jax.Array, state: EvolutionStrategyState,
                      params: Any, rescaled_count: jax.Array | None = None
@@ -506,7 +550,8 @@ class EvolutionStrategy:
     param_tree = self._params(params)
     count = nonfinite_count
     rescaled = jnp.zeros((), jnp.int32) if rescaled_count is None else rescaled_count
-    ascent = jax.lax.optimization_barrier(ascent)
+    if self._fixed_order_estimate:
+      ascent = jax.lax.optimization_barrier(ascent)
     loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
     updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
     # The library owns this state: a non-finite update or optimizer state is
@@ -573,7 +618,12 @@ def evolution_strategy(
       module docstring).
     kind: noise kind.
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
-    config: hashable kernel config or None.
+    config: None, a kernel config or a tuple of them, at most one per type,
+      e.g. ``(LowRankLinearConfig(...), LowRankGradientConfig(xla_gemm=True))``:
+      the forward and the estimate each take the one of their type. With
+      ``LowRankGradientConfig(xla_gemm=True)`` the optimizer may fuse into the
+      estimate's GEMM (no barrier between them: the GEMM's summation order
+      already differs between one device and shards).
     wrt: ``nnx`` filter of a model's ES parameters.
     layout: explicit parameter layout, or None to derive it from ``params``.
     seed: integer seed of the default key.
@@ -614,6 +664,9 @@ def evolution_strategy(
                      f"{implementation!r}")
   if layout is not None and not isinstance(layout, population_lib.ParameterLayout):
     raise TypeError(f"layout must be a ParameterLayout or None, got {type(layout).__name__}")
+  vn_config.config_for_op(config, vn_config.LowRankGradientConfig)  # validates every entry
+  if isinstance(config, list):
+    config = tuple(config)  # hashable, as the transform is
   rank = noise_lib.check_rank(rank)
   if layout is not None and rank is not None and layout.rank != rank:
     raise ValueError(f"rank={rank} does not match the layout's rank={layout.rank}")

@@ -569,3 +569,53 @@ def reduce_metric_candidates(n_params: int, n_individuals: int,
       dataclasses.replace(wide, individuals_per_program=max(1, wide.individuals_per_program // 2),
                           num_warps=4),
   ])
+
+
+# ----------------------------------------------------------------------------
+# One argument carrying the configs of several ops (population_apply, ES).
+
+KERNEL_CONFIG_TYPES = (PerturbedLinearConfig, NoiseGradientConfig, ReduceMetricConfig,
+                       LowRankLinearConfig, LowRankGradientConfig)
+
+
+def config_for_op(config, config_type: type, name: str = "config"):
+  """The config of ``config_type`` in ``config`` (one config or a tuple of them), else None.
+
+  Functions that run several ops (:func:`jaxnoise.nn.population_apply`,
+  :func:`jaxnoise.nn.fitness_gradient`, the ES transform) take one ``config``
+  argument: a single config or a tuple with at most one config of each type.
+  Each op takes the one of its own type and picks its heuristics otherwise.
+
+  Args:
+    config: None, a config, or a tuple of configs of distinct types.
+    config_type: the type the op takes.
+    name: the argument's name, for errors.
+
+  Returns:
+    The matching config, or None.
+
+  Raises:
+    TypeError: an entry is not a virtual-noise kernel config.
+    ValueError: two entries have the same type.
+
+  Example:
+    >>> both = (LowRankLinearConfig(), LowRankGradientConfig(xla_gemm=True))
+    >>> config_for_op(both, LowRankGradientConfig).xla_gemm
+    True
+    >>> config_for_op(both, NoiseGradientConfig) is None
+    True
+  """
+  if config is None:
+    return None
+  entries = tuple(config) if isinstance(config, (tuple, list)) else (config,)
+  seen = set()
+  for entry in entries:
+    if not isinstance(entry, KERNEL_CONFIG_TYPES):
+      names = ", ".join(t.__name__ for t in KERNEL_CONFIG_TYPES)
+      raise TypeError(f"{name} must be None, a kernel config ({names}) or a tuple of them, "
+                      f"got an entry of type {type(entry).__name__}")
+    if type(entry) in seen:
+      raise ValueError(f"{name} holds two {type(entry).__name__} entries; give at most one "
+                       f"config of each type")
+    seen.add(type(entry))
+  return next((entry for entry in entries if isinstance(entry, config_type)), None)
