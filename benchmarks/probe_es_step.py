@@ -147,14 +147,47 @@ def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None
   return {"busy_ms": busy["busy_ms"], "kernels_ms": kernels}
 
 
+def _finite_forms(args):
+  """The transform's SGD step with ``es._all_finite`` replaced by each form (session 15)."""
+  import probe_finite_check  # pylint: disable=g-import-not-at-top
+  library_form = es_lib._all_finite  # pylint: disable=protected-access
+  results = {}
+  for form_name, form in probe_finite_check.FORMS.items():
+    def all_finite(tree, form=form):
+      flags = [form(leaf) if leaf.size % 8192 == 0 else jnp.all(jnp.isfinite(leaf))
+               for leaf in jax.tree.leaves(tree)
+               if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+      return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
+    es_lib._all_finite = all_finite  # pylint: disable=protected-access
+    try:
+      for dtype in (jnp.bfloat16, jnp.float32):
+        name = f"{jnp.dtype(dtype).name} evolution_strategy sgd, check: {form_name}"
+        if args.only and not re.search(args.only, name):
+          continue
+        results[name] = row = measure(dtype, ranks=True, donate=True, es_optimizer="sgd")
+        print(f"{name}: {row.get('busy_ms', float('nan')):.3f} ms", flush=True)
+        for kernel, ms in list(row.get("kernels_ms", {}).items())[:5]:
+          print(f"    {ms:.4f}  {kernel}")
+    finally:
+      es_lib._all_finite = library_form  # pylint: disable=protected-access
+  _harness.write_json(str(pathlib.Path(args.out) / "probe_es_step_finite_forms.json"),
+                      {**_harness.device_facts(), "results": results})
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="benchmarks/out")
   parser.add_argument("--only", default="", help="regular expression over the variants' names")
   parser.add_argument("--skip-forms", action="store_true",
                       help="only the transform, with each way of dropping a generation")
+  parser.add_argument("--finite-forms", action="store_true",
+                      help="only the transform with SGD, its finiteness check written in each "
+                           "form of probe_finite_check.FORMS")
   args = parser.parse_args(argv)
   results = {}
+  if args.finite_forms:
+    _finite_forms(args)
+    return
   for dtype in (jnp.bfloat16, jnp.float32):
     variants = [(f"{'ranks' if ranks else 'raw fitness'} {'donated' if donate else 'not donated'}",
                  dict(ranks=ranks, donate=donate))

@@ -500,8 +500,7 @@ class EvolutionStrategy:
     # Barriers here and in apply_gradient keep XLA from fusing shaping, estimate
     # and optimizer into one another, so each stage's float arithmetic is the
     # same however the estimate is formed (one device or parameter shards,
-    # jaxnoise.parallel.sharded_update): the two agree bit for bit. (Not the one
-    # before the optimizer with xla_gemm=True: see _fixed_order_estimate.)
+    # jaxnoise.parallel.sharded_update): the two agree bit for bit.
     shaped, count, rescaled = jax.lax.optimization_barrier(self.shape_and_bound(fitness))
     ascent = self.gradient(shaped, seeds, params)
     return self.apply_gradient(ascent, count, state, params, rescaled)
@@ -515,18 +514,6 @@ class EvolutionStrategy:
     # Sealed (an addition), so the gradient's first subtraction sees the same bits in
     # any program (jaxnoise.parallel.sharded_update and update agree bit for bit).
     return _common.sealed(shaped), count, rescaled
-
-  @property
-  def _fixed_order_estimate(self) -> bool:
-    """False when the estimate comes from XLA's GEMM (``LowRankGradientConfig(xla_gemm=True)``).
-
-    Its summation order follows the GEMM's shape, so one device and parameter
-    shards agree to float rounding only and the barrier before the optimizer
-    protects nothing; without it XLA can fuse the inner optimizer into the
-    GEMM's epilogue (one pass over the weight fewer).
-    """
-    gradient_config = vn_config.config_for_op(self.config, vn_config.LowRankGradientConfig)
-    return not (gradient_config is not None and gradient_config.xla_gemm)
 
   def apply_gradient(self, ascent: Any, nonfinite_count: jax.Array, state: EvolutionStrategyState,
                      params: Any, rescaled_count: jax.Array | None = None
@@ -550,8 +537,7 @@ class EvolutionStrategy:
     param_tree = self._params(params)
     count = nonfinite_count
     rescaled = jnp.zeros((), jnp.int32) if rescaled_count is None else rescaled_count
-    if self._fixed_order_estimate:
-      ascent = jax.lax.optimization_barrier(ascent)
+    ascent = jax.lax.optimization_barrier(ascent)
     loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
     updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
     # The library owns this state: a non-finite update or optimizer state is
@@ -620,10 +606,7 @@ def evolution_strategy(
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
     config: None, a kernel config or a tuple of them, at most one per type,
       e.g. ``(LowRankLinearConfig(...), LowRankGradientConfig(xla_gemm=True))``:
-      the forward and the estimate each take the one of their type. With
-      ``LowRankGradientConfig(xla_gemm=True)`` the optimizer may fuse into the
-      estimate's GEMM (no barrier between them: the GEMM's summation order
-      already differs between one device and shards).
+      the forward and the estimate each take the one of their type.
     wrt: ``nnx`` filter of a model's ES parameters.
     layout: explicit parameter layout, or None to derive it from ``params``.
     seed: integer seed of the default key.
