@@ -13,7 +13,8 @@ instruction mix and the instructions per element of the program's tile (a
 loop body appears once in the PTX, so a kernel's count is per loop step). It
 predicts a change's effect on an issue-bound kernel before a GPU run; it does
 not time anything. Files go to ``--out`` (TTIR, TTGIR, PTX; SASS with
-``--sass``, which also counts the SASS instructions per element).
+``--sass``, which also counts the SASS instructions per element and reports the
+registers per thread).
 
 Used in session 7 (benchmarks/RESULTS.md): the counter update's rounding in
 SPEC's form took the 8192^2 float32 update from 44.0 to 39.7 PTX instructions
@@ -189,7 +190,8 @@ def print_sass(compiled, path, threads, elements):
   """SASS of the cubin (ptxas as bundled with ``triton``), disassembled by its ``nvdisasm``.
 
   SASS is what Nsight Compute counts: ptxas fuses logic ops into ``LOP3`` and
-  shift-adds into ``LEA``, so it can differ from the PTX count either way.
+  shift-adds into ``LEA``, so it can differ from the PTX count either way. The
+  registers per thread come from the bundled ``cuobjdump`` (they bound occupancy).
   """
   import subprocess  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
@@ -200,12 +202,16 @@ def print_sass(compiled, path, threads, elements):
     cubin.flush()
     sass = subprocess.run([str(nvdisasm), "-c", cubin.name], capture_output=True, text=True,
                           check=True).stdout
+    usage = subprocess.run([str(nvdisasm.parent / "cuobjdump"), "--dump-resource-usage",
+                            cubin.name], capture_output=True, text=True, check=True).stdout
   path.write_text(sass)
   ops = [op.split(".")[0] for op in _SASS.findall(sass)]
   counts = collections.Counter(op for op in ops if op != "NOP")
   total = sum(counts.values())
+  registers = re.search(r"REG:(\d+)", usage)
   print(f"{total} SASS instructions per thread (NOPs left out): "
-        f"{total * threads / elements:.1f} per element")
+        f"{total * threads / elements:.1f} per element; "
+        f"{registers.group(1) if registers else '?'} registers per thread")
   for name, count in counts.most_common(25):
     print(f"  {count:6d}  {name}")
 
