@@ -63,6 +63,9 @@ def capture_ttir(fn, *shapes) -> str:
 def counter_update_case(args):
   from jaxnoise.ops.ternary import config as config_lib  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.ternary import pallas_triton_update  # pylint: disable=g-import-not-at-top
+  if args.module:  # A frozen copy of the kernel (before/after counts in one tree).
+    from benchmarks import _harness  # pylint: disable=g-import-not-at-top
+    pallas_triton_update = _harness.frozen_module(args.module)
   out_features, in_features = args.dims
   dtype = jnp.dtype(args.dtype)
   config = config_lib.CounterUpdateConfig.get_heuristics_config((out_features, in_features), dtype)
@@ -158,6 +161,9 @@ def main(argv=None):
   parser.add_argument("--rank", type=int, default=1)
   parser.add_argument("--kind", default="binomial")
   parser.add_argument("--out", default="benchmarks/out/offline_ptx")
+  parser.add_argument("--module", default=None,
+                      help="counter_update: count the kernel of the module at this path (a frozen "
+                           "copy, e.g. benchmarks/pending_checks/frozen_update_head.py)")
   parser.add_argument("--sass", action="store_true",
                       help="also count SASS (the bundled ptxas and nvdisasm)")
   args = parser.parse_args(argv)
