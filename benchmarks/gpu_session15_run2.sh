@@ -14,8 +14,10 @@ timeout 150 python3 benchmarks/probe_es_step.py --finite-forms --out "$OUT/finit
   | quiet | grep -v "^    " 
 timeout 150 python3 benchmarks/pending_checks/gpu_check_counter_update.py \
   > "$OUT/update/check.log" 2>&1; echo "check exit $?"; quiet < "$OUT/update/check.log" | tail -25
-cp benchmarks/pending_checks/frozen_update_head.py jaxnoise/ops/ternary/_frozen_update_tmp.py
+timeout 100 python3 benchmarks/pending_checks/gpu_check_counter_update.py --suite thorough \
+  > "$OUT/update/check_thorough.log" 2>&1; echo "thorough check exit $?"
+quiet < "$OUT/update/check_thorough.log" | tail -4
 timeout 200 python3 benchmarks/bench_ternary.py --part update \
-  --before-update jaxnoise/ops/ternary/_frozen_update_tmp.py --out "$OUT/update" \
+  --before-update benchmarks/pending_checks/frozen_update_head.py --out "$OUT/update" \
   > "$OUT/update/bench.log" 2>&1; echo "bench exit $?"
 quiet < "$OUT/update/bench.log" | cut -c1-160 | tail -30
