@@ -163,7 +163,7 @@ def main(argv=None):
   parser.add_argument("--out", default="benchmarks/out/offline_ptx")
   parser.add_argument("--module", default=None,
                       help="counter_update: count the kernel of the module at this path (a frozen "
-                           "copy, e.g. benchmarks/pending_checks/frozen_update_head.py)")
+                           "copy of pallas_triton_update.py)")
   parser.add_argument("--sass", action="store_true",
                       help="also count SASS (the bundled ptxas and nvdisasm)")
   args = parser.parse_args(argv)

@@ -927,43 +927,6 @@ def test_bitwise_conversions_are_exact():
                                   np.asarray(reference.ternary_of(codes, C), np.float32))
 
 
-@pytest.mark.parametrize("jit", [False, True])
-def test_centres_read_from_packed_fields_are_exact(jit):
-  """word_centers / group_centers and ternary_of_center equal code_center and ternary_of.
-
-  Every code 0..63 (past the range too) in every field position, every C; under
-  jit as well (XLA's simplifier must not cancel the rounding bias).
-  """
-  codes = np.stack([np.roll(np.arange(64), k)[:16 * 4] for k in range(64)]).astype(np.int32)
-  lanes = [jnp.asarray(codes[:, j::16].reshape(-1)) for j in range(16)]
-  maybe_jit = jax.jit if jit else (lambda f: f)
-  for C in range(1, 12):
-    words = reference.pack_words(lanes)
-    groups = [x.astype(jnp.uint32) for x in reference.pack_group(*lanes[:4])]
-    word_lanes = maybe_jit(lambda w: [(c, reference.ternary_of_center(c, s, C))
-                                      for c, s in reference.word_centers(*w, C)])(words)
-    group_lanes = maybe_jit(lambda b: [(c, reference.ternary_of_center(c, s, C))
-                                       for c, s in reference.group_centers(*b, C)])(groups)
-    shifts = [s for _, s in reference.word_centers(*words, C)] + [
-        s for _, s in reference.group_centers(*groups, C)]
-    for j, ((center, t), shift) in enumerate(zip(word_lanes + group_lanes, shifts)):
-      code = lanes[j % 16] if j < 16 else lanes[j - 16]
-      np.testing.assert_array_equal(np.asarray(center) * np.float32(2.0**-shift),
-                                    np.asarray(reference.code_center(code, C)))
-      np.testing.assert_array_equal(np.asarray(t),
-                                    np.asarray(reference.ternary_of(code, C), np.float32))
-
-
-def test_uniform_draw_of_masked_word_is_the_shifted_one():
-  """uniform01_of_word ((w & ~0xFF) * 2**-32) is (w >> 8) * 2**-24, bit for bit."""
-  from jaxnoise import noise  # pylint: disable=g-import-not-at-top
-  words = np.random.default_rng(3).integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32)
-  words = np.concatenate([words, np.uint32([0, 255, 256, 2**24 - 1, 2**24, 2**31, 2**32 - 1])])
-  expected = (words >> 8).astype(np.float32) * np.float32(2.0**-24)
-  actual = np.asarray(jax.jit(noise.uniform01_of_word)(jnp.asarray(words)))
-  np.testing.assert_array_equal(actual.view(np.uint32), expected.view(np.uint32))
-
-
 def test_counter_update_candidates_are_valid():
   for shape in ((4096, 4096), (8192, 8192), (1536, 2304), (37, 44)):
     candidates = config_lib.CounterUpdateConfig.candidates(shape)

@@ -191,40 +191,18 @@ def packed_bytes(units, layout: UnitLayout):
   return units.reshape(units.shape[0], -1)
 
 
+def load_unit_codes(packed_ref, row_start, block_rows, unit_start, block_units, mask,
+                    layout: UnitLayout):
+  """The ``L`` int32 code lanes of a ``(block_rows, block_units)`` tile of ``(out, U, 3)`` units."""
+  raw = _load_lanes(packed_ref, row_start, block_rows, unit_start, block_units, 3, mask, 0)
+  return _unit_codes(raw, layout)
+
+
 def _unit_codes(raw, layout: UnitLayout):
   """The ``L`` int32 code lanes of a unit tile's three loaded word or byte lanes."""
   if layout.words:
     return ref_lib.unpack_words(*raw)
   return list(ref_lib.unpack_group(*(b.astype(_I32) for b in raw)))
-
-
-def load_unit_centers(packed_ref, row_start, block_rows, unit_start, block_units, mask,
-                      layout: UnitLayout, C: int, bias_bits=ref_lib.FLOAT_BIAS_BITS):
-  """The ``L`` code lanes of a unit tile as ``(centre * 2**shift, shift)``, read from the fields.
-
-  See :func:`ref_lib.word_centers` and :func:`ref_lib.group_centers`
-  (``bias_bits``: :func:`ref_lib.field_center`).
-  """
-  raw = _load_lanes(packed_ref, row_start, block_rows, unit_start, block_units, 3, mask, 0)
-  if layout.words:
-    return ref_lib.word_centers(*raw, C, bias_bits)
-  return ref_lib.group_centers(*(b.astype(jnp.uint32) for b in raw), C, bias_bits)
-
-
-def truncate_codes(value, interpret: bool):
-  """uint32 truncation of float32 values already clipped to ``[0, 63]`` (the new codes).
-
-  Compiled, one ``cvt.rzi.u32.f32``: ``astype`` lowers to the conversion
-  behind a clamp to the int32 range (two more min / max per code), which the
-  clipped values never need. The interpreter takes ``astype`` (the same values).
-  """
-  if interpret:
-    return value.astype(jnp.int32).astype(jnp.uint32)
-  # Declared int32: Triton's inline asm takes signless integers only (same bits).
-  [codes] = plgpu.elementwise_inline_asm(
-      "cvt.rzi.u32.f32 $0, $1;", args=[value], constraints="=r,r", pack=1,
-      result_shape_dtypes=[jax.ShapeDtypeStruct(value.shape, jnp.int32)])
-  return codes.astype(jnp.uint32)
 
 
 def unit_buckets(raw, layout: UnitLayout, C: int):
@@ -286,43 +264,19 @@ def load_dense_lanes(ref, row_start, block_rows, unit_start, block_units, n_lane
 
   Each load is a ``(block_rows, block_units, vector)`` tile (``vector``
   contiguous elements per unit: one vector load per thread), split into lanes
-  in registers. ``vector=1`` gives one strided load per lane. ``mask=None``
-  loads every element.
+  in registers. ``vector=1`` gives one strided load per lane.
   """
   lanes = []
   for first in range(0, n_lanes, vector):
     if vector == 1:
       lanes.append(plgpu.load(
           ref.at[pl.ds(row_start, block_rows), pl.ds(unit_start, block_units), _I32(first)],
-          mask=mask, other=None if mask is None else other))
+          mask=mask, other=other))
       continue
     tile = plgpu.load(ref.at[pl.ds(row_start, block_rows), pl.ds(unit_start, block_units),
-                             pl.ds(first, vector)],
-                      mask=None if mask is None else mask[:, :, None],
-                      other=None if mask is None else other)
+                             pl.ds(first, vector)], mask=mask[:, :, None], other=other)
     lanes.extend(split_lanes(tile))
   return lanes
-
-
-def widen_bfloat16_pairs(words):
-  """float32 lanes of uint32 words that each hold two bfloat16 (low half first): twice as many.
-
-  A bfloat16 is the high half of its float32, so the low value is the word
-  shifted up and the high one the word masked: one op per value, the exact
-  conversion.
-  """
-  lanes = []
-  for word in words:
-    lanes.append(jax.lax.bitcast_convert_type(word << 16, _F32))
-    lanes.append(jax.lax.bitcast_convert_type(word & jnp.uint32(0xFFFF0000), _F32))
-  return lanes
-
-
-def bfloat16_pair_units(array, codes_per_unit: int):
-  """``(rows, in)`` bfloat16 -> ``(rows, in / L, L / 2)`` uint32 pairs (a free bitcast)."""
-  rows, in_features = array.shape
-  pairs = jax.lax.bitcast_convert_type(array.reshape(rows, in_features // 2, 2), jnp.uint32)
-  return pairs.reshape(rows, in_features // codes_per_unit, codes_per_unit // 2)
 
 
 def dense_units(array, codes_per_unit: int):
