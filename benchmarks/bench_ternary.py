@@ -451,8 +451,7 @@ def check_cases(quick: bool) -> list[tuple]:
       (1, bf16, None), (big_m, bf16, None), (3, f32, None), (20, f32, None), (big_m, f32, None),
       (5, f32, M(block_m=16, block_n=16, block_groups=16, split_k=3, split_float32=False)),
       (5, bf16, M(block_m=16, block_n=128, block_groups=64, split_k=2)),
-      (big_m, bf16, M(block_m=64, block_n=64, block_groups=32)),
-      (big_m, f32, M(method="decode", decode_to="int4"))]:
+      (big_m, bf16, M(block_m=64, block_n=64, block_groups=32))]:
     shape = (m_rows,) + mm_words
     label = "heuristic" if config is None else _short(config)
     cases.append((f"matmul input grad M={m_rows} {mm_words[0]}x{mm_words[1]} "
@@ -478,9 +477,8 @@ def check_cases(quick: bool) -> list[tuple]:
   config = M(block_m=128, block_n=128, block_groups=32, num_warps=8)
   cases.append((f"matmul variant M={big_m} {mm_words[0]}x{mm_words[1]} bf16 {_short(config)}",
                 _check_matmul, dict(shape=(big_m,) + mm_words, dtype=bf16, config=config)))
-  for shape, dtype, target in [(mm_words, bf16, "int4"), (mm_bytes, bf16, "int4"),
-                               (mm_bytes, f32, "int4")]:
-    config = M(method="decode", decode_to=target)
+  for shape, dtype in [(mm_bytes, bf16), (mm_bytes, f32)]:
+    config = M(method="decode")
     cases.append((f"matmul variant M={big_m} {shape[0]}x{shape[1]} {jnp.dtype(dtype).name} "
                   f"{_short(config)}", _check_matmul,
                   dict(shape=(big_m,) + shape, dtype=dtype, config=config)))
@@ -654,16 +652,12 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   dot_grid = [(32, 128, 4, 4), (64, 128, 16, 4), (32, 256, 8, 4)]
   dot = [M(block_m=16, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k)
          for n, g, k, w in dot_grid]
-  # What "decode" writes for XLA's GEMM, besides the heuristic's (session 9).
-  decode_targets = [dataclasses.replace(base, decode_to=target)
-                    for target in config_lib.DECODE_TARGETS
-                    if base.method == "decode" and target != base.decode_to]
   if jnp.dtype(dtype).itemsize >= 4 and 1 < m_rows <= 16:
     # float32 x: the heuristic against fma tiles of all rows (session 10's heuristic), the
     # decode method (its GEMM on bfloat16 pieces, session 11) and the dot tiles that split x
     # in registers.
     return list(dict.fromkeys([base, M._fma_rows_config(*shape),  # pylint: disable=protected-access
-                               M(method="decode", decode_to="int4"), M(method="decode"),
+                               M(method="decode"),
                                M._dot_tiles(shape, dtype)]))  # pylint: disable=protected-access
   if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
     strided = dataclasses.replace(base, x_vector_loads=False)
@@ -679,12 +673,12 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   elif m_rows <= 16:
     out = [base] + dot
   elif m_rows < 256:
-    out = [base] + decode_targets + [c for c in M.candidates(shape, jnp.bfloat16)
+    out = [base] + [c for c in M.candidates(shape, jnp.bfloat16)
                                      if c.method != base.method][:3]
   else:
     # GEMM tiles that decode in registers (bytes: 4 code lanes, so 4 dots of block_groups
     # each; words: 16 dots of block_groups / 4) against the decode-then-XLA-GEMM default.
-    out = [base] + decode_targets + [
+    out = [base] + [
         M(block_m=bm, block_n=bn, block_groups=g, num_warps=w, word_loads=words)
         for bm, bn, g, w, words in [(128, 128, 64, 8, False), (128, 128, 32, 8, False),
                                     (64, 128, 64, 4, False), (128, 256, 32, 8, False),

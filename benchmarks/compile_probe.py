@@ -98,17 +98,23 @@ def cases(only):
             vn_kernels.reduce_metric, offset=offset, kind=kind, antithetic=False, config=config),
             dict(center=spec((1 << 20,), jnp.float32), seeds=seeds, sigma=sigma)))
   # Ternary kernels: the high-word path is taken when out * in > 2**32.
-  for shape in ((4096, 4096), (65536, 65540)):
+  # The other shapes are the update's benchmark shapes (registers and instructions, offline).
+  for shape, dtype in (((4096, 4096), jnp.float32), ((65536, 65540), jnp.float32),
+                       ((8192, 8192), jnp.float32), ((8192, 8192), jnp.bfloat16),
+                       ((1000, 3996), jnp.float32), ((1536, 2304), jnp.float32)):
     n_bytes = 3 * shape[1] // 4
     packed, row = spec((shape[0], n_bytes), jnp.uint8), spec((shape[0],), jnp.float32)
     hyper, seed = spec((4,), jnp.float32), spec((1,), jnp.uint32)
-    base = ternary_config.CounterUpdateConfig.get_heuristics_config(shape)
-    for name, config in (("heuristic", None),
-                         ("bytes+strided", dataclasses.replace(base, word_loads=False,
-                                                               vector_loads=False))):
-      out.append((f"counter_update {name} {shape[0]}x{shape[1]}", functools.partial(
+    base = ternary_config.CounterUpdateConfig.get_heuristics_config(shape, dtype)
+    configs = [("heuristic", None)]
+    if shape in ((4096, 4096), (65536, 65540)):
+      configs.append(("bytes+strided", dataclasses.replace(base, word_loads=False,
+                                                           vector_loads=False)))
+    for name, config in configs:
+      dtype_name = "" if dtype == jnp.float32 else f" {jnp.dtype(dtype).name}"
+      out.append((f"counter_update {name} {shape[0]}x{shape[1]}{dtype_name}", functools.partial(
           ternary_kernels.counter_update, C=11, lagged=False, config=config),
-          dict(packed=packed, scale=row, v=row, grad_w=spec(shape, jnp.float32), hyper=hyper,
+          dict(packed=packed, scale=row, v=row, grad_w=spec(shape, dtype), hyper=hyper,
                seed=seed)))
   # Every op at its three offsets before the next op, so a spent budget still
   # leaves complete comparisons.

@@ -8,7 +8,7 @@ OUT=${OUT:-benchmarks/out}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
 mkdir -p "$OUT/frozen" "$OUT/astype"
 quiet() { grep -v Warn | grep -v _warn_once; }
-variant=benchmarks/pending_checks/update_astype_tmp.py
+variant=benchmarks/baseline_update/update_astype_tmp.py
 sed -e 's/^    truncate_codes,$//' jaxnoise/ops/ternary/pallas_triton_update.py > $variant
 cat >> $variant <<'PY'
 
@@ -17,7 +17,7 @@ def truncate_codes(value, interpret):
   del interpret
   return value.astype(jnp.int32).astype(jnp.uint32)
 PY
-for pair in "frozen benchmarks/pending_checks/frozen_update_head.py" "astype $variant"; do
+for pair in "frozen benchmarks/baseline_update/update_7fbab3d.py" "astype $variant"; do
   set -- $pair
   timeout 150 python3 benchmarks/bench_ternary.py --part update --before-update "$2" \
     --budget 45 --out "$OUT/$1" > "$OUT/$1/bench.log" 2>&1; echo "$1 exit $?"

@@ -12,7 +12,7 @@ import jax, jax.numpy as jnp
 sys.path.insert(0, "benchmarks")
 import _harness
 from jaxnoise.ops.ternary import pallas_triton_update, reference
-frozen = _harness.frozen_module("benchmarks/pending_checks/frozen_update_head.py")
+frozen = _harness.frozen_module("benchmarks/baseline_update/update_7fbab3d.py")
 shape = (8192, 8192)
 codes = jax.random.randint(jax.random.key(0), shape, 0, reference.n_codes(11))
 packed = reference.pack_codes_reference(codes)

@@ -386,8 +386,14 @@ def uniform01(seed, index_hi, index_lo, *, high_word: bool = True) -> jax.Array:
 
 
 def uniform01_of_word(word: jax.Array) -> jax.Array:
-  """The ``[0, 1)`` float32 of :func:`uniform01` from its hashed uint32 word."""
-  return (word >> 8).astype(jnp.int32).astype(jnp.float32) * jnp.float32(2.0**-24)
+  """The ``[0, 1)`` float32 of :func:`uniform01` from its hashed uint32 word.
+
+  ``(word >> 8) * 2**-24`` computed as ``(word & ~0xFF) * 2**-32``: the same
+  value (the masked word has at most 24 significant bits, so its conversion
+  is exact), but the mask merges with the finaliser's last xor-shift into one
+  logic op where the shift would be one more instruction.
+  """
+  return (word & _U32(0xFFFFFF00)).astype(jnp.float32) * jnp.float32(2.0**-32)
 
 
 def uniform01_run(seed, index_lo, n: int) -> list[jax.Array]:
@@ -398,6 +404,15 @@ def uniform01_run(seed, index_lo, n: int) -> list[jax.Array]:
   The caller guarantees ``index_lo + j`` does not wrap past 2**32.
   """
   multiplier, increment = stream_keys(seed, jnp.zeros((), _U32))
+  return uniform01_run_of_keys(multiplier, increment, index_lo, n)
+
+
+def uniform01_run_of_keys(multiplier, increment, index_lo, n: int) -> list[jax.Array]:
+  """:func:`uniform01_run` from the stream's keys (:func:`stream_keys` at high word 0).
+
+  Kernels take the keys formed once outside (in XLA) rather than hashing the
+  seed in every program.
+  """
   base = index_lo * multiplier + increment
   return [uniform01_of_word(mix32(base + _U32(j) * multiplier)) for j in range(n)]
 

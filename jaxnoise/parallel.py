@@ -354,7 +354,8 @@ def _full_gradient_config(es, block_shape, offset, n_individuals, pop):
                                       offset)
   config = autotune.lookup(key[0], key)
   if config is None:
-    config = config_lib.noise_gradient_heuristics(math.prod(block_shape), n_individuals)
+    config = config_lib.noise_gradient_heuristics(math.prod(block_shape), n_individuals,
+                                                  kind)
   return config
 
 

@@ -87,6 +87,14 @@ def test_low_rank_gradient_benchmark_quick(tmp_path):
   assert all(r["max_rel_diff_tiles_vs_xla_gemm"] < 1e-5 for r in results), results
 
 
+def test_gradient_lanes_benchmark_quick(tmp_path):
+  """Lane and row tiles against the reference, and against each other bit for bit."""
+  _run(tmp_path, "bench_gradient_lanes.py", "--quick")
+  with open(tmp_path / "gradient_lanes_rademacher.json") as f:
+    results = json.load(f)["results"]
+  assert len(results) == 2 and all(r["lanes_bit_for_bit"] for r in results), results
+
+
 def test_es_quality_benchmark_quick(tmp_path):
   # One kind against evosax on every problem family (BBOB, gymnax, digits).
   pytest.importorskip("evosax")

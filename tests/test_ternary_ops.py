@@ -510,47 +510,16 @@ def test_ternary_matmul_kernel_matches_reference(rng, implementation, dtype):
                                **tolerance)
 
 
-@pytest.mark.parametrize("in_features", [16 * 9, 4 * 11], ids=["words", "bytes"])
-def test_int4_decode_is_the_ternary_value(rng, in_features):
-  """Nibbles in XLA's int4 order (even column in the low nibble) of ``t``, exactly.
-
-  Every 6-bit code, so codes past ``3 * lv - 1`` saturate to +1 as in ``ternary_of``.
-  """
-  # pylint: disable-next=g-import-not-at-top
-  from jaxnoise.ops.ternary import pallas_triton as kernels
-  out_features, C = int(rng.integers(3, 40)), int(rng.integers(1, 12))
-  codes = rng.integers(0, 64, (out_features, in_features)).astype(np.uint8)
-  packed = jnp.asarray(np_pack(codes))
-  t = np.asarray(reference.ternary_of(jnp.asarray(codes, jnp.int32), C))
-  config = config_lib.ElementwiseConfig(block_rows=8, block_groups=16)  # chunked rows
-  nibbles = kernels.ternary_decode_int4(packed, C=C, config=config, interpret=True)
-  assert nibbles.shape == (out_features, in_features // 2) and nibbles.dtype == jnp.uint8
-  bytes_ = np.asarray(nibbles)
-  low, high = (bytes_ & 0xF).astype(np.int8), (bytes_ >> 4).astype(np.int8)
-  unpacked = np.stack([np.where(low > 7, low - 16, low), np.where(high > 7, high - 16, high)],
-                      axis=-1).reshape(out_features, in_features)
-  np.testing.assert_array_equal(unpacked, t)
-  as_int4 = kernels.int4_view(nibbles)
-  assert as_int4.shape == (out_features, in_features) and as_int4.dtype == jnp.int4
-  np.testing.assert_array_equal(np.asarray(as_int4.astype(jnp.int32)), t)
-
-
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_decode_targets_give_the_same_product(rng, dtype):
-  """The decode method's int4 and compute-dtype temporaries: the same product, bit for bit."""
-  # pylint: disable-next=g-import-not-at-top
-  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
-  in_features = 16 * 7 if dtype == jnp.bfloat16 else 4 * 13
-  out_features, C, m_rows = int(rng.integers(5, 40)) | 1, int(rng.integers(1, 12)), 65
-  _, packed, scale, _ = random_state(rng, out_features, in_features, C)
-  x = cast(rng.normal(size=(m_rows, in_features)), dtype)
-  ys = {target: np.asarray(matmul_kernels.ternary_matmul(
-      x, packed, scale, C=C, out_dtype=jnp.float32,
-      config=config_lib.MatmulConfig(method="decode", decode_to=target), interpret=True))
-        for target in config_lib.DECODE_TARGETS}
-  np.testing.assert_array_equal(ys["int4"], ys["compute"])
-  expected = reference.ternary_matmul_reference(x, packed, scale, C=C, out_dtype=jnp.float32)
-  np.testing.assert_allclose(ys["int4"], np.asarray(expected), rtol=1e-5, atol=1e-4)
+def test_int4_decode_target_is_rejected():
+  """XLA's GEMM with an int4 operand gave wrong values on an H200: no config asks for one."""
+  with pytest.raises(ValueError, match="decode_to='int4' was removed"):
+    config_lib.MatmulConfig(method="decode", decode_to="int4")
+  for m_rows in (1, 2, 4, 16, 64, 127, 128, 1024):
+    for dtype in (jnp.bfloat16, jnp.float32):
+      shape = (m_rows, 4096, 4096)
+      configs = (config_lib.MatmulConfig.candidates(shape, dtype)
+                 + config_lib.MatmulConfig.input_grad_candidates(shape, dtype))
+      assert all(config.decode_to == "compute" for config in configs)
 
 
 def test_bf16_pieces_sum_to_the_float32_value_exactly(rng):
@@ -606,8 +575,7 @@ def test_float32_pieces_match_float32_dots(rng, op):
   atol = 1e-6 * np.abs(expected[finite]).max()
   matmul_config = config_lib.MatmulConfig
   for config in [matmul_config(block_m=16, block_n=16, block_groups=16, split_k=2),
-                 matmul_config(method="decode"),
-                 matmul_config(method="decode", decode_to="int4")]:
+                 matmul_config(method="decode")]:
     for split_float32 in (True, False):
       got = np.asarray(kernel(jnp.asarray(x), packed, scale, C=C, out_dtype=jnp.float32,
                               config=dataclasses.replace(config, split_float32=split_float32),
@@ -684,10 +652,6 @@ def test_matmul_heuristic_methods_per_batch_and_dtype():
                   else "dot")
       assert config.method == expected, (dtype, m_rows, config)
       assert config.method != "fma" or config.block_m >= m_rows, (dtype, m_rows, config)
-      # int4 nibbles while XLA's GEMM has < 128 rows (float32: three bfloat16 pieces per row).
-      gemm_rows = m_rows * (3 if dtype == jnp.float32 else 1)
-      assert config.method != "decode" or config.decode_to == (
-          "int4" if gemm_rows < 128 else "compute"), (dtype, m_rows, config)
 
 
 def test_input_grad_heuristic_methods_per_batch_and_dtype():
@@ -703,9 +667,6 @@ def test_input_grad_heuristic_methods_per_batch_and_dtype():
           tiles = -(-in_features // (4 * config.block_groups))
           assert config.block_m >= m_rows and tiles * config.split_k == 256, config
           assert config.split_k <= -(-out_features // config.block_n), config
-        else:
-          gemm_rows = m_rows * (3 if dtype == jnp.float32 else 1)
-          assert config.decode_to == ("int4" if gemm_rows < 128 else "compute"), config
 
 
 @pytest.mark.parametrize("m_rows", [1, 2, 3, 4, 16, 64, 256])
@@ -723,8 +684,6 @@ def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   assert config.method == expected_method, config
   # fma: every row in one program (each weight read once).
   assert config.method != "fma" or config.block_m >= m_rows, config
-  if config.method == "decode":  # int4 nibbles below 128 rows (session 9)
-    assert config.decode_to == ("int4" if m_rows < 128 else "compute"), config
   if config.method == "dot":
     # Words, 128 groups per step (session 6: the best dot tiles at M = 4 and 16).
     assert config.word_loads and config.block_groups == 128, config
@@ -927,6 +886,43 @@ def test_bitwise_conversions_are_exact():
                                   np.asarray(reference.ternary_of(codes, C), np.float32))
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_centres_read_from_packed_fields_are_exact(jit):
+  """word_centers / group_centers and ternary_of_center equal code_center and ternary_of.
+
+  Every code 0..63 (past the range too) in every field position, every C; under
+  jit as well (XLA's simplifier must not cancel the rounding bias).
+  """
+  codes = np.stack([np.roll(np.arange(64), k)[:16 * 4] for k in range(64)]).astype(np.int32)
+  lanes = [jnp.asarray(codes[:, j::16].reshape(-1)) for j in range(16)]
+  maybe_jit = jax.jit if jit else (lambda f: f)
+  for C in range(1, 12):
+    words = reference.pack_words(lanes)
+    groups = [x.astype(jnp.uint32) for x in reference.pack_group(*lanes[:4])]
+    word_lanes = maybe_jit(lambda w: [(c, reference.ternary_of_center(c, s, C))
+                                      for c, s in reference.word_centers(*w, C)])(words)
+    group_lanes = maybe_jit(lambda b: [(c, reference.ternary_of_center(c, s, C))
+                                       for c, s in reference.group_centers(*b, C)])(groups)
+    shifts = [s for _, s in reference.word_centers(*words, C)] + [
+        s for _, s in reference.group_centers(*groups, C)]
+    for j, ((center, t), shift) in enumerate(zip(word_lanes + group_lanes, shifts)):
+      code = lanes[j % 16] if j < 16 else lanes[j - 16]
+      np.testing.assert_array_equal(np.asarray(center) * np.float32(2.0**-shift),
+                                    np.asarray(reference.code_center(code, C)))
+      np.testing.assert_array_equal(np.asarray(t),
+                                    np.asarray(reference.ternary_of(code, C), np.float32))
+
+
+def test_uniform_draw_of_masked_word_is_the_shifted_one():
+  """uniform01_of_word ((w & ~0xFF) * 2**-32) is (w >> 8) * 2**-24, bit for bit."""
+  from jaxnoise import noise  # pylint: disable=g-import-not-at-top
+  words = np.random.default_rng(3).integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32)
+  words = np.concatenate([words, np.uint32([0, 255, 256, 2**24 - 1, 2**24, 2**31, 2**32 - 1])])
+  expected = (words >> 8).astype(np.float32) * np.float32(2.0**-24)
+  actual = np.asarray(jax.jit(noise.uniform01_of_word)(jnp.asarray(words)))
+  np.testing.assert_array_equal(actual.view(np.uint32), expected.view(np.uint32))
+
+
 def test_counter_update_candidates_are_valid():
   for shape in ((4096, 4096), (8192, 8192), (1536, 2304), (37, 44)):
     candidates = config_lib.CounterUpdateConfig.candidates(shape)
@@ -994,7 +990,6 @@ def _lowerings():
     cases.append(("unpack", kernels.unpack_codes, (packed,)))
     cases.append(("decode", functools.partial(kernels.ternary_decode, C=5, dtype=jnp.bfloat16),
                   (packed, row)))
-    cases.append(("decode int4", functools.partial(kernels.ternary_decode_int4, C=5), (packed,)))
     cases.append(("init", functools.partial(kernels.ternary_init, C=5),
                   (spec((out_features, in_features), jnp.float32),)))
   return cases

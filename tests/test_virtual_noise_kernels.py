@@ -7,6 +7,7 @@ to per-dtype float tolerance, on odd shapes, for every kind, dtype and
 antithetic setting, and under several tile configs.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -546,3 +547,55 @@ def test_reduce_metric_individuals_layout_rejects_packed_kinds():
       4096, 64, noise_lib.get_kind("rademacher")))
   with pytest.raises(ValueError, match="layout"):
     config_lib.ReduceMetricConfig(layout="columns").validate()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("batch", [128, 257, 512])
+def test_compiled_pairs_with_per_individual_x_at_large_batch(rng, dtype, batch):
+  """Antithetic pairs with per-individual x load two tiles a step; heuristic tiles compile.
+
+  The pipelining estimate counts both tiles (``test_pipelining_fits_shared_memory``);
+  this compiles the forward and its VJP (input, weight, bias) at those sizes and
+  compares them with the reference (GPU only).
+  """
+  pop, out_features, in_features = 4, 300, 1000
+  x = _normal(rng, (pop, batch, in_features), dtype)
+  weight = _normal(rng, (out_features, in_features), dtype)
+  bias = _normal(rng, (out_features,), jnp.float32)
+  seeds = _seeds(rng, pop)
+  cotangent = _normal(rng, (pop, batch, out_features), jnp.float32)
+
+  def loss_and_grads(implementation):
+    def loss(x, weight, bias):
+      y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, 0.05, 7, kind="rademacher",
+                                            antithetic=True, implementation=implementation)
+      return jnp.sum(y * cotangent), y
+    (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(x, weight, bias)
+    return (y,) + grads
+
+  got = loss_and_grads("pallas")
+  expected = loss_and_grads("reference")
+  # The kernels use the matrix units at default precision: TF32 for float32 inputs.
+  tolerance = 2e-2 if dtype == "bfloat16" else 5e-3
+  for name, value, ref in zip(("y", "dx", "dweight", "dbias"), got, expected):
+    assert _rel_err(value, ref) <= tolerance, name
+
+
+def test_gradient_heuristics_pick_lane_accumulators_for_packed_kinds(rng):
+  """32-values-per-word kinds get lane accumulators (same bits as the row tiles); others not."""
+  packed, single = noise_lib.get_kind("rademacher"), noise_lib.get_kind("binomial")
+  assert config_lib.noise_gradient_heuristics(1 << 20, 1024, packed).lane_accumulators
+  assert config_lib.noise_gradient_heuristics(4096, 64, packed).lane_accumulators
+  assert not config_lib.noise_gradient_heuristics(1000, 64, packed).lane_accumulators
+  assert not config_lib.noise_gradient_heuristics(1 << 20, 1024, single).lane_accumulators
+  assert not config_lib.noise_gradient_heuristics(1 << 20, 1024).lane_accumulators
+  pop, shape = 70, (37, 129)
+  fitness = _normal(rng, (pop,), jnp.float32)
+  seeds = _seeds(rng, pop)
+  lanes = config_lib.noise_gradient_heuristics(37 * 129, pop, packed)
+  results = [jaxnoise.virtual_weight_gradient(fitness, seeds, shape, 0.1, None, 2**32 - 77,
+                                              kind="rademacher", implementation="interpret",
+                                              config=config)
+             for config in (lanes, dataclasses.replace(lanes, lane_accumulators=False))]
+  np.testing.assert_array_equal(np.asarray(results[0]), np.asarray(results[1]))

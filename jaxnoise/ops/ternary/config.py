@@ -361,18 +361,15 @@ class FromIOConfig:
 
 
 MATMUL_METHODS = ("dot", "fma", "decode")
-# What the "decode" method writes for XLA's GEMM: the compute dtype, or two ternary
-# values per byte (int4), which XLA converts inside its GEMM.
-DECODE_TARGETS = ("compute", "int4")
+# What the "decode" method writes for XLA's GEMM: the compute dtype. Two ternary values
+# per byte (int4, converted inside the GEMM) were a target until 2026-12-03: XLA's GEMM
+# with an int4 operand returned wrong values on an H200 (jax 0.11.2), depending on the
+# tiling its autotuner picked (``benchmarks/check_int4_gemm.py``).
+DECODE_TARGETS = ("compute",)
 # Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
 _GEMV_PROGRAMS = 512
 # The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
 _INPUT_GRAD_PROGRAMS = 256
-
-
-def _gemm_rows(m_rows: int, dtype: Any) -> int:
-  """Rows of the decode method's GEMM: float32 operands enter as three bfloat16 pieces."""
-  return 3 * m_rows if jnp.dtype(dtype).itemsize >= 4 else m_rows
 
 
 def _gemv_split_k(out_features: int, in_features: int, block_n: int, block_groups: int) -> int:
@@ -411,8 +408,7 @@ class MatmulConfig:
       consecutive lanes and split them in registers (False: one strided load
       per lane, which kept the H200's L1 the busiest unit at one row).
     decode_to: what ``"decode"`` writes for XLA's GEMM (one of
-      :data:`DECODE_TARGETS`): ``"compute"`` (the compute dtype) or ``"int4"``
-      (half a byte per weight, converted inside the GEMM).
+      :data:`DECODE_TARGETS`): ``"compute"`` (the compute dtype).
     split_float32: a float32 operand of a dot (float32 ``x``; in the input
       gradient, float32 ``grad_y * scale``) meets the codes on bfloat16
       tensor cores as three pieces whose float32 sum is the operand exactly
@@ -438,6 +434,11 @@ class MatmulConfig:
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
+    if self.decode_to == "int4":
+      raise ValueError(
+          "MatmulConfig.decode_to='int4' was removed: XLA's GEMM with an int4 operand gave "
+          "wrong values on an H200 (jax 0.11.2; benchmarks/check_int4_gemm.py). Use "
+          "decode_to='compute'.")
     if self.decode_to not in DECODE_TARGETS:
       raise ValueError(f"MatmulConfig.decode_to must be one of {DECODE_TARGETS}, "
                        f"got {self.decode_to!r}")
@@ -483,11 +484,10 @@ class MatmulConfig:
       M=256 / 1024, 30.6 / 57.5 us at 4096^2 and 99.4 / 221.6 us at 8192^2
       (0.52-0.86x of a dense bf16 matmul), 3.4-4.7x faster than the best of
       five GEMM tiles that decode in registers.
-    * Below 128 GEMM rows the decode writes int4 nibbles, which XLA's GEMM
-      converts in its prologue (session 9, device time, int4 / compute-dtype
-      temporary): M=64 22.6 / 26.8 us at 4096^2 and 65.2 / 93.4 us at 8192^2
-      (run 7). From M=128 on XLA's int4 GEMM is the slower one (M=128
-      4096^2: 30.7 / 26.3 us; M=256: 44.9 / 30.7 us).
+    * The decode writes the compute dtype. Below 128 GEMM rows int4 nibbles
+      were faster (session 9: M=64 22.6 against 26.8 us at 4096^2, 65.2
+      against 93.4 at 8192^2), but XLA's GEMM with an int4 operand gave wrong
+      values on an H200 (2026-12-03), so that target is gone.
     * float32 ``x`` enters that GEMM as three bfloat16 pieces (``3 M`` GEMM
       rows; ``split_float32``). Session 11 (device time, 4096^2 / 8192^2),
       against session 10's configs: M=4 16.9 / 49.7 us (fma tiles of all
@@ -504,7 +504,7 @@ class MatmulConfig:
       ('fma', 16, 8)
       >>> config = MatmulConfig.get_heuristics_config((64, 4096, 4096), "bfloat16")
       >>> config.method, config.decode_to
-      ('decode', 'int4')
+      ('decode', 'compute')
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     itemsize = jnp.dtype(dtype).itemsize
@@ -518,8 +518,7 @@ class MatmulConfig:
       # faster than the dot tiles at M = 256 / 1024 (4096^2: 53-62 vs 116-125 us, 98 vs
       # 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us). float32 x enters XLA's GEMM as
       # three bfloat16 pieces (split_float32), exact products as a float32 GEMM's.
-      return cls(method="decode",
-                 decode_to="int4" if _gemm_rows(m_rows, dtype) < 128 else "compute")
+      return cls(method="decode")
     config = cls._dot_tiles(shape, dtype)
     if m_rows <= 16:
       # Session 6 runs 3-5 (device time): 32 outputs x 512 inputs (words) per program, one
@@ -616,11 +615,14 @@ class MatmulConfig:
     """The input gradient's config for ``(M, in, out)`` and ``grad_y``'s ``dtype``.
 
     * One row of 16-bit ``grad_y``: dot tiles with ``out`` split
-      (:meth:`_input_grad_dot_tiles`); XLA's one-row GEMM with an int4
-      operand was the slow one.
+      (:meth:`_input_grad_dot_tiles`); XLA's one-row GEMM after the decode
+      was the slow one.
     * From 2 rows, and float32 at any ``M``: ``"decode"`` and XLA's GEMM
-      (float32 ``grad_y * scale`` as three bfloat16 pieces), with int4
-      nibbles while the GEMM has fewer than 128 rows (``3 M`` for float32).
+      (float32 ``grad_y * scale`` as three bfloat16 pieces). The figures
+      below marked int4 had int4 nibbles as the GEMM's operand below 128
+      rows, a target removed on 2026-12-03 (XLA's int4 GEMM gave wrong values;
+      with the bfloat16 temporary session 11 measured M = 1-4 at 22.6-23.2 us
+      at 4096^2, against 18.6-18.8 with int4).
 
     Session 11 (H200, device time, ``benchmarks/results/2026-12-02-h200-s11``
     run 2; session 10 ran one program per 256 inputs over all of ``out``, and
@@ -650,8 +652,7 @@ class MatmulConfig:
     """
     m_rows = int(shape[0])
     if m_rows >= 2 or jnp.dtype(dtype).itemsize >= 4:
-      return cls(method="decode", decode_to="int4" if _gemm_rows(m_rows, dtype) < 128
-                 else "compute")
+      return cls(method="decode")
     return cls._input_grad_dot_tiles(shape)
 
   @classmethod
@@ -679,8 +680,7 @@ class MatmulConfig:
     replace = dataclasses.replace
     dot = cls._input_grad_dot_tiles(shape)
     out = [cls.get_input_grad_heuristics_config(shape, dtype)]
-    out += [cls(method="decode", decode_to=target) for target in DECODE_TARGETS]
-    out += [dot, replace(dot, split_k=2 * dot.split_k),
+    out += [cls(method="decode"), dot, replace(dot, split_k=2 * dot.split_k),
             replace(dot, split_k=max(1, dot.split_k // 2)),
             replace(dot, block_groups=32, split_k=2 * dot.split_k)]
     return list(dict.fromkeys(out))
@@ -692,8 +692,6 @@ class MatmulConfig:
     base = cls.get_heuristics_config(shape, dtype)
     out = [base]
     replace = dataclasses.replace
-    if base.method == "decode":  # the other temporary
-      out += [replace(base, decode_to=target) for target in DECODE_TARGETS]
     if m_rows <= 16:
       fma = cls._fma_config(m_rows, out_features, in_features)
       dot = base if base.method == "dot" else replace(cls._dot_tiles(shape, dtype),

@@ -191,18 +191,63 @@ def packed_bytes(units, layout: UnitLayout):
   return units.reshape(units.shape[0], -1)
 
 
-def load_unit_codes(packed_ref, row_start, block_rows, unit_start, block_units, mask,
-                    layout: UnitLayout):
-  """The ``L`` int32 code lanes of a ``(block_rows, block_units)`` tile of ``(out, U, 3)`` units."""
-  raw = _load_lanes(packed_ref, row_start, block_rows, unit_start, block_units, 3, mask, 0)
-  return _unit_codes(raw, layout)
-
-
 def _unit_codes(raw, layout: UnitLayout):
   """The ``L`` int32 code lanes of a unit tile's three loaded word or byte lanes."""
   if layout.words:
     return ref_lib.unpack_words(*raw)
   return list(ref_lib.unpack_group(*(b.astype(_I32) for b in raw)))
+
+
+def load_unit_centers(packed_ref, row_start, block_rows, unit_start, block_units, mask,
+                      layout: UnitLayout, C: int, bias_bits=ref_lib.FLOAT_BIAS_BITS):
+  """The ``L`` code lanes of a unit tile as ``(centre * 2**shift, shift)``, read from the fields.
+
+  See :func:`ref_lib.word_centers` and :func:`ref_lib.group_centers`
+  (``bias_bits``: :func:`ref_lib.field_center`).
+  """
+  raw = load_unit_fields(packed_ref, row_start, block_rows, unit_start, block_units, mask)
+  return unit_centers(raw, layout, C, bias_bits)
+
+
+def load_unit_fields(packed_ref, row_start, block_rows, unit_start, block_units, mask):
+  """The three packed lanes of a unit tile, as loaded (see :func:`unit_centers`)."""
+  return _load_lanes(packed_ref, row_start, block_rows, unit_start, block_units, 3, mask, 0)
+
+
+def unit_centers(raw, layout: UnitLayout, C: int, bias_bits=ref_lib.FLOAT_BIAS_BITS):
+  """:func:`load_unit_centers` of lanes already loaded by :func:`load_unit_fields`."""
+  if layout.words:
+    return ref_lib.word_centers(*raw, C, bias_bits)
+  return ref_lib.group_centers(*(b.astype(jnp.uint32) for b in raw), C, bias_bits)
+
+
+def opaque_copy(value):
+  """``value`` (uint32 or uint8) through one ``mov``: a result the compiler cannot merge.
+
+  Deriving something twice from the same values is merged into one result
+  kept live in between; what is derived from this copy is computed again.
+  """
+  wide = value.astype(jnp.uint32) if value.dtype != jnp.uint32 else value
+  [copy] = plgpu.elementwise_inline_asm(
+      "mov.b32 $0, $1;", args=[wide], constraints="=r,r", pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(wide.shape, jnp.int32)])
+  return copy.astype(jnp.uint32).astype(value.dtype)
+
+
+def truncate_codes(value, interpret: bool):
+  """uint32 truncation of float32 values already clipped to ``[0, 63]`` (the new codes).
+
+  Compiled, one ``cvt.rzi.u32.f32``: ``astype`` lowers to the conversion
+  behind a clamp to the int32 range (two more min / max per code), which the
+  clipped values never need. The interpreter takes ``astype`` (the same values).
+  """
+  if interpret:
+    return value.astype(jnp.int32).astype(jnp.uint32)
+  # Declared int32: Triton's inline asm takes signless integers only (same bits).
+  [codes] = plgpu.elementwise_inline_asm(
+      "cvt.rzi.u32.f32 $0, $1;", args=[value], constraints="=r,r", pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(value.shape, jnp.int32)])
+  return codes.astype(jnp.uint32)
 
 
 def unit_buckets(raw, layout: UnitLayout, C: int):
@@ -264,19 +309,43 @@ def load_dense_lanes(ref, row_start, block_rows, unit_start, block_units, n_lane
 
   Each load is a ``(block_rows, block_units, vector)`` tile (``vector``
   contiguous elements per unit: one vector load per thread), split into lanes
-  in registers. ``vector=1`` gives one strided load per lane.
+  in registers. ``vector=1`` gives one strided load per lane. ``mask=None``
+  loads every element.
   """
   lanes = []
   for first in range(0, n_lanes, vector):
     if vector == 1:
       lanes.append(plgpu.load(
           ref.at[pl.ds(row_start, block_rows), pl.ds(unit_start, block_units), _I32(first)],
-          mask=mask, other=other))
+          mask=mask, other=None if mask is None else other))
       continue
     tile = plgpu.load(ref.at[pl.ds(row_start, block_rows), pl.ds(unit_start, block_units),
-                             pl.ds(first, vector)], mask=mask[:, :, None], other=other)
+                             pl.ds(first, vector)],
+                      mask=None if mask is None else mask[:, :, None],
+                      other=None if mask is None else other)
     lanes.extend(split_lanes(tile))
   return lanes
+
+
+def widen_bfloat16_pairs(words):
+  """float32 lanes of uint32 words that each hold two bfloat16 (low half first): twice as many.
+
+  A bfloat16 is the high half of its float32, so the low value is the word
+  shifted up and the high one the word masked: one op per value, the exact
+  conversion.
+  """
+  lanes = []
+  for word in words:
+    lanes.append(jax.lax.bitcast_convert_type(word << 16, _F32))
+    lanes.append(jax.lax.bitcast_convert_type(word & jnp.uint32(0xFFFF0000), _F32))
+  return lanes
+
+
+def bfloat16_pair_units(array, codes_per_unit: int):
+  """``(rows, in)`` bfloat16 -> ``(rows, in / L, L / 2)`` uint32 pairs (a free bitcast)."""
+  rows, in_features = array.shape
+  pairs = jax.lax.bitcast_convert_type(array.reshape(rows, in_features // 2, 2), jnp.uint32)
+  return pairs.reshape(rows, in_features // codes_per_unit, codes_per_unit // 2)
 
 
 def dense_units(array, codes_per_unit: int):
@@ -353,34 +422,6 @@ def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, layout: UnitLayout, 
                block_rows=block_rows, block_units=block_units, columns_per_unit=layout.codes)
 
 
-def _decode_int4_kernel(packed_ref, out_ref, *, C, layout: UnitLayout, n_rows, n_units,
-                        block_rows, block_units):
-  """Codes -> ``t`` as two int4 nibbles per byte.
-
-  Column ``2k`` goes to the low nibble of byte ``k`` and ``2k + 1`` to the high
-  one, in two's complement (``-1`` is ``0xF``). That is XLA's ``int4`` order,
-  so after a bitcast the bytes are an ``(out, in)`` int4 matrix. Each nibble is
-  selected from the code's buckets (:func:`unit_buckets`), as
-  :func:`ref_lib.ternary_of` would give it.
-  """
-  r0 = pl.program_id(0) * block_rows
-
-  def nibble(buckets, shift):
-    ge_lv, ge_2lv = buckets
-    plus, zero, minus = (_I32(v << shift) for v in (1, 0, 0xF))
-    return jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
-
-  def values_of(raw):
-    buckets = unit_buckets(raw, layout, C)
-    return [(nibble(low, 0) | nibble(high, 4)).astype(out_ref.dtype)
-            for low, high in zip(buckets[0::2], buckets[1::2])]
-
-  _decode_rows(packed_ref, out_ref, values_of, r0=r0,
-               row_mask=(r0 + _iota(block_rows)) < n_rows, n_units=n_units,
-               block_rows=block_rows, block_units=block_units,
-               columns_per_unit=layout.codes // 2)
-
-
 def _init_kernel(weight_ref, packed_ref, scale_ref, *, C, n_rows, n_groups, block_rows,
                  block_groups):
   r0 = pl.program_id(0) * block_rows
@@ -449,54 +490,27 @@ def unpack_codes(packed, *, config: ElementwiseConfig | None = None, interpret: 
   return codes.reshape(shape)
 
 
-def _decode_call(kernel_fn, name: str, packed, *operands, C: int, out_dtype,
-                 columns_per_byte: int, config, interpret: bool):
-  """One row-block program per ``block_rows`` rows of a decode kernel over word or byte units.
-
-  ``columns_per_byte`` is 1 for a value per output element, 2 for nibbles;
-  ``operands`` follow the packed units (the decode's scale).
-  """
-  out_features, n_bytes = packed.shape
-  in_features = 4 * (n_bytes // 3)
-  config = _elementwise_config(config, (out_features, in_features), out_dtype)
-  layout = unit_layout(in_features, config.block_groups >= 4)
-  kernel = functools.partial(
-      kernel_fn, C=C, layout=layout, n_rows=out_features, n_units=in_features // layout.codes,
-      block_rows=config.block_rows, block_units=max(1, config.block_groups * 4 // layout.codes))
-  return _call(
-      kernel, name=name, grid=(_cdiv(out_features, config.block_rows),),
-      out_shape=jax.ShapeDtypeStruct((out_features, in_features // columns_per_byte), out_dtype),
-      config=config, interpret=interpret,
-  )(packed_units(packed, layout), *operands)
-
-
 def ternary_decode(packed, scale, *, C: int, dtype=jnp.float32,
                    config: ElementwiseConfig | None = None, interpret: bool = False):
   """Kernel of :func:`jaxnoise.ops.ternary.ternary_decode`: ``(out, in)`` weights.
 
-  Reads word units where rows allow (``in % 16 == 0`` and ``block_groups >=
-  4``) and writes each row chunk contiguously.
+  One program per ``block_rows`` rows. Reads word units where rows allow
+  (``in % 16 == 0`` and ``block_groups >= 4``) and writes each row chunk
+  contiguously.
   """
-  return _decode_call(_decode_kernel, "ternary_decode", packed, scale, C=C, out_dtype=dtype,
-                      columns_per_byte=1, config=config, interpret=interpret)
-
-
-def ternary_decode_int4(packed, *, C: int, config: ElementwiseConfig | None = None,
-                        interpret: bool = False):
-  """Unscaled ``t`` of packed codes as ``(out, in / 2)`` uint8, two int4 nibbles per byte.
-
-  :func:`int4_view` turns the bytes into an ``(out, in)`` int4 matrix, which
-  XLA's GEMM converts in its prologue: half a byte per weight.
-  """
-  return _decode_call(_decode_int4_kernel, "ternary_decode_int4", packed, C=C,
-                      out_dtype=jnp.uint8, columns_per_byte=2, config=config,
-                      interpret=interpret)
-
-
-def int4_view(nibbles):
-  """``(out, in / 2)`` uint8 nibbles (:func:`ternary_decode_int4`) -> ``(out, in)`` int4."""
-  out_features, half = nibbles.shape
-  return jax.lax.bitcast_convert_type(nibbles, jnp.int4).reshape(out_features, 2 * half)
+  out_features, n_bytes = packed.shape
+  in_features = 4 * (n_bytes // 3)
+  config = _elementwise_config(config, (out_features, in_features), dtype)
+  layout = unit_layout(in_features, config.block_groups >= 4)
+  kernel = functools.partial(
+      _decode_kernel, C=C, layout=layout, n_rows=out_features,
+      n_units=in_features // layout.codes, block_rows=config.block_rows,
+      block_units=max(1, config.block_groups * 4 // layout.codes))
+  return _call(
+      kernel, name="ternary_decode", grid=(_cdiv(out_features, config.block_rows),),
+      out_shape=jax.ShapeDtypeStruct((out_features, in_features), dtype),
+      config=config, interpret=interpret,
+  )(packed_units(packed, layout), scale)
 
 
 def ternary_init(weight, *, C: int, config: ElementwiseConfig | None = None,
@@ -514,18 +528,14 @@ def ternary_init(weight, *, C: int, config: ElementwiseConfig | None = None,
   return packed.reshape(out_features, 3 * (in_features // 4)), scale
 
 
-
-
 __all__ = [
     "UnitLayout",
-    "int4_view",
     "interleave",
     "pack_codes",
     "packed_bytes",
     "packed_units",
     "split_lanes",
     "ternary_decode",
-    "ternary_decode_int4",
     "ternary_init",
     "unit_buckets",
     "unit_layout",

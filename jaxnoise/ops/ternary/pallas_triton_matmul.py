@@ -15,8 +15,9 @@ Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
   (decode steps): ``+-x`` selected per code for one row; for several, ``t``
   once per weight and a multiply-add per row, so the rows share the decode.
 * ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large
-  ``M``). ``MatmulConfig.decode_to``: the compute dtype, or int4 nibbles (half
-  a byte per weight) that XLA's GEMM converts in its prologue.
+  ``M``), in the compute dtype (int4 nibbles, which XLA's GEMM would convert
+  in its prologue, came out wrong from that GEMM on an H200 with jax 0.11.2:
+  ``benchmarks/check_int4_gemm.py``).
 
 Input gradient (:func:`ternary_matmul_input_grad`): dot tiles, ``out`` split
 into ``split_k`` slabs for few rows, or ``"decode"``.
@@ -358,20 +359,11 @@ def _matmul_input_grad_kernel(grad_y_ref, packed_ref, scale_ref, grad_x_ref, *, 
                  [acc.astype(grad_x_ref.dtype) for acc in accumulators], mask)
 
 
-def _decoded_weight(packed, C: int, decode_to: str, compute_dtype, interpret: bool):
-  """``t`` for XLA's GEMM (exact either way); an int4 ``t`` is converted inside the GEMM.
-
-  ``compute_dtype`` is the GEMM's operand dtype (bfloat16 for a float32
-  operand split into pieces).
-  """
-  if decode_to == "compute":
-    return elementwise.ternary_decode(packed, jnp.ones((packed.shape[0],), _F32), C=C,
-                                      dtype=compute_dtype, interpret=interpret)
-  nibbles = elementwise.ternary_decode_int4(packed, C=C, interpret=interpret)
-  # The barrier keeps the bitcast out of the GEMM fusion: XLA (jax-cuda13-pjrt 0.11.2)
-  # aborts in triton_tiling_propagation on a uint8 -> int4 bitcast fused into the GEMM's
-  # operand; an int4 operand alone is converted in the GEMM's prologue.
-  return jax.lax.optimization_barrier(elementwise.int4_view(nibbles)).astype(compute_dtype)
+def _decoded_weight(packed, C: int, compute_dtype, interpret: bool):
+  """``t`` in ``compute_dtype`` for XLA's GEMM (exact): the operand dtype (bfloat16 for a
+  float32 operand split into pieces)."""
+  return elementwise.ternary_decode(packed, jnp.ones((packed.shape[0],), _F32), C=C,
+                                    dtype=compute_dtype, interpret=interpret)
 
 
 def _matmul_config(config, shape, dtype) -> MatmulConfig:
@@ -394,7 +386,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
   compute_dtype, split, precision = _operand_setup(x.dtype, config)
   x_dtype = _F32 if split else compute_dtype  # split: bf16 pieces of float32 x
   if config.method == "decode":
-    t = _decoded_weight(packed, C, config.decode_to, compute_dtype, interpret)
+    t = _decoded_weight(packed, C, compute_dtype, interpret)
     y = _xla_dot_with_t(x.astype(x_dtype), t, _DIMS_NT, split=split, precision=precision)
     return (y * scale.astype(_F32)[None, :]).astype(out_dtype)
   # A dot step contracts one code lane of block_units units: Triton dots need >= 16.
@@ -446,7 +438,7 @@ def ternary_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype,
   compute_dtype, split, precision = _operand_setup(grad_y.dtype, config)
   if config.method == "decode":
     scaled = grad_y.astype(_F32) * scale.astype(_F32)[None, :]
-    t = _decoded_weight(packed, C, config.decode_to, compute_dtype, interpret)
+    t = _decoded_weight(packed, C, compute_dtype, interpret)
     grad_x = _xla_dot_with_t(scaled if split else scaled.astype(compute_dtype), t, _DIMS_NN,
                              split=split, precision=precision)
     return grad_x.astype(out_dtype)

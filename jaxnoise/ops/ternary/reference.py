@@ -91,10 +91,14 @@ def n_codes(C: int) -> int:
 
 
 def pack_group(c0, c1, c2, c3):
-  """Four int32 code arrays -> three int32 byte arrays (values in [0, 256))."""
-  b0 = (c0 | (c1 << 6)) & 0xFF
-  b1 = ((c1 >> 2) | (c2 << 4)) & 0xFF
-  b2 = ((c2 >> 4) | (c3 << 2)) & 0xFF
+  """Four integer code arrays (values in [0, 64)) -> three byte arrays (values in [0, 256)).
+
+  The shifted codes' bits do not overlap, so they are added (one shift-add
+  instruction each on a GPU) rather than or-ed.
+  """
+  b0 = (c0 + (c1 << 6)) & 0xFF
+  b1 = ((c1 >> 2) + (c2 << 4)) & 0xFF
+  b2 = ((c2 >> 4) + (c3 << 2)) & 0xFF
   return b0, b1, b2
 
 
@@ -153,14 +157,103 @@ def word_buckets(w0, w1, w2, C: int):
   return buckets
 
 
+# A code's centre ``c + 0.5 - 1.5 lv`` (:func:`code_center`) read straight from
+# its packed field: a 6-bit field at bit ``b <= 17`` of a uint32 lies inside a
+# float32 mantissa, so ``bitcast(0x4B000000 | field)`` is ``2**23 + c * 2**b``
+# exactly, and one exact subtraction leaves the centre scaled by ``2**b`` (no
+# unpack, no shift, no conversion). The scale folds into the constants that
+# meet the centre: ``2**-b / lv`` for ``t`` and ``ratio * 2**-b`` (formed once
+# per row, exact) for the tick, so the products are those of the centre.
+FLOAT_BIAS_BITS = 0x4B000000  # bitcast to float32: 2**23
+_IN_MANTISSA_TOP = 17  # highest bit at which a 6-bit field still lies inside the mantissa
+_HIGH_FIELD_SHIFT = 16  # fields above bit 17 are moved down by this (to bits 2..10)
+
+
+def field_center(word, bit: int, C: int, bias_bits=FLOAT_BIAS_BITS):
+  """float32 ``(c + 0.5 - 1.5 lv) * 2**bit``: the centre of the code at ``bit`` (<= 17) of a uint32.
+
+  Exact: ``2**23 + c * 2**bit`` and ``2**23 + (1.5 lv - 0.5) * 2**bit`` are
+  integers below ``2**24`` (``1.5 lv - 0.5`` is an integer, ``lv`` being
+  odd). ``bias_bits`` is ``0x4B000000``; a kernel passes it as data
+  (:func:`kernel_words`), so the compiler keeps it in a register and masks and
+  biases the field in one logic instruction (with two constants it emits two).
+  """
+  assert 0 <= bit <= _IN_MANTISSA_TOP, bit
+  field = word & jnp.uint32(0x3F << bit)
+  biased = jax.lax.bitcast_convert_type(field | jnp.asarray(bias_bits, jnp.uint32), _F32)
+  return biased - _F32(8388608.0 + (1.5 * levels(C) - 0.5) * 2**bit)
+
+
+def word_centers(w0, w1, w2, C: int, bias_bits=FLOAT_BIAS_BITS):
+  """``(centre * 2**shift, shift)`` of the 16 codes of three uint32 words, without unpacking.
+
+  Codes at bits 0-17 of a word are read in place (:func:`field_center`);
+  those higher up from the word shifted down by 16 (one shift per word,
+  shared by its high codes); the two that straddle words from the
+  funnel-shifted pair. ``centre`` is :func:`code_center` of
+  :func:`unpack_words`'s code, exactly.
+  """
+  words = (w0, w1, w2)
+  high = {}
+  centers = []
+  for j in range(CODES_PER_WORD_GROUP):
+    word, bit = divmod(6 * j, 32)
+    if bit > 26:  # straddles into the next word
+      value = (words[word] >> bit) | (words[word + 1] << (32 - bit))
+      centers.append((field_center(value, 0, C, bias_bits), 0))
+    elif bit > _IN_MANTISSA_TOP:
+      if word not in high:
+        high[word] = words[word] >> _HIGH_FIELD_SHIFT
+      shift = bit - _HIGH_FIELD_SHIFT
+      centers.append((field_center(high[word], shift, C, bias_bits), shift))
+    else:
+      centers.append((field_center(words[word], bit, C, bias_bits), bit))
+  return centers
+
+
+def group_centers(b0, b1, b2, C: int, bias_bits=FLOAT_BIAS_BITS):
+  """``(centre * 2**shift, shift)`` of the 4 codes of three bytes (uint32 arrays below 256).
+
+  The bytes are joined into one 24-bit stream ``b0 + b1 * 2**8 + b2 * 2**16``
+  (codes at bits 0, 6, 12 and 18); the last code is read in place from ``b2``.
+  """
+  stream = b0 + (b1 << 8) + (b2 << 16)
+  return [(field_center(stream, bit, C, bias_bits), bit) for bit in (0, 6, 12)] + [
+      (field_center(b2, 2, C, bias_bits), 2)]
+
+
+_ROUNDING_BIAS = 12582912.0  # 1.5 * 2**23: a float32 in (-2**22, 2**22) plus this is rounded
+
+
+def ternary_of_center(center, shift: int, C: int):
+  """float32 ternary value ``t`` of a code from its centre scaled by ``2**shift``, without compares.
+
+  ``t = c // lv - 1`` is the centre over ``lv`` rounded to the nearest integer
+  (the centre is an integer, so the quotient is at least ``0.5 / lv`` from a
+  tie), capped at ``+1`` so codes past the range saturate as :func:`ternary_of`
+  does. Adding ``1.5 * 2**23`` rounds (one multiply-add with the division by
+  ``2**shift * lv``), the cap is taken on the biased value and one add
+  removes the bias: three float ops, and a row sum takes ``g * t`` as one more
+  multiply-add (exact, ``t`` being -1, 0 or +1). The cap sits between the two
+  bias terms so that XLA's simplifier (the interpreter runs kernels through
+  XLA) cannot cancel them as it does ``(x + b) - b``.
+  """
+  biased = center * _F32(2.0**-shift / levels(C)) + _F32(_ROUNDING_BIAS)
+  return jnp.minimum(biased, _F32(_ROUNDING_BIAS + 1.0)) - _F32(_ROUNDING_BIAS)
+
+
 def pack_words(codes):
-  """Sixteen int32 code arrays (values in [0, 64)) -> three uint32 word arrays."""
+  """Sixteen integer code arrays (values in [0, 64)) -> three uint32 word arrays.
+
+  Fields do not overlap, so each shifted code is added to its word (one
+  shift-add instruction on a GPU) rather than or-ed.
+  """
   words = [None, None, None]
   for j, code in enumerate(codes):
     code = code.astype(jnp.uint32)
     word, bit = divmod(6 * j, 32)
     part = code << bit
-    words[word] = part if words[word] is None else words[word] | part
+    words[word] = part if words[word] is None else words[word] + part
     if bit > 26:
       words[word + 1] = code >> (32 - bit)
   return tuple(words)
@@ -246,6 +339,18 @@ def code_center(codes, C: int):
   return biased - _F32(8388608.0 + 1.5 * levels(C) - 0.5)
 
 
+def rounded_target(center, grad, u, ratio, step, C: int):
+  """float32 new code before its floor (:func:`tick`), clipped to ``[0, 3 lv - 1]``.
+
+  ``clip(ratio center + (1.5 lv - 0.5) - step g + u, 0, 3 lv - 1)``, where
+  ``center`` is :func:`code_center`, or a centre scaled by ``2**b`` met by
+  ``ratio * 2**-b`` (the same product, exactly).
+  """
+  lv = levels(C)
+  z = ratio * center + _F32(1.5 * lv - 0.5) - step * grad.astype(_F32) + u
+  return jnp.clip(z, _F32(0.0), _F32(3 * lv - 1))
+
+
 def tick(codes, grad, u, ratio, step, active, C: int):
   """New int32 codes: SPEC's ``clip(floor((p' + 1.5) lv - 0.5 + u), 0, 3lv - 1)`` on active rows.
 
@@ -264,10 +369,7 @@ def tick(codes, grad, u, ratio, step, active, C: int):
   rows instead). On active rows every term is finite (:func:`row_update`
   checks the row's step and ratio).
   """
-  lv = levels(C)
-  center = code_center(codes, C)
-  z = ratio * center + _F32(1.5 * lv - 0.5) - step * grad.astype(_F32) + u
-  moved = jnp.clip(z, _F32(0.0), _F32(3 * lv - 1)).astype(jnp.int32)
+  moved = rounded_target(code_center(codes, C), grad, u, ratio, step, C).astype(jnp.int32)
   if active is None:
     return moved
   return jnp.where(active, moved, codes)
@@ -293,17 +395,33 @@ def rounding_draw(seed, rows, cols, in_features: int, high_word: bool):
   return noise_lib.uniform01(seed, hi, lo, high_word=True)
 
 
-def rounding_draw_run(seed, rows, first_cols, n: int, in_features: int, high_word: bool):
+def kernel_words(seed):
+  """uint32 ``(4,)`` the update kernels take: ``[seed, multiplier, increment, 0x4B000000]``.
+
+  The draw's stream keys at high word 0, formed once (in XLA) rather than in
+  every program, so the kernels hash no seed (:func:`rounding_draw_run`; the
+  seed itself serves the 64-bit index path), and the float bias of
+  :func:`field_center` as data.
+  """
+  seed = jnp.asarray(seed, jnp.uint32).reshape(())
+  multiplier, increment = noise_lib.stream_keys(seed, jnp.zeros((), jnp.uint32))
+  return jnp.stack([seed, multiplier, increment, jnp.uint32(FLOAT_BIAS_BITS)])
+
+
+def rounding_draw_run(stream, rows, first_cols, n: int, in_features: int, high_word: bool):
   """:func:`rounding_draw` at columns ``first_cols + j`` for ``j < n`` (a list of ``n`` arrays).
 
+  ``stream`` is ``(seed, multiplier, increment)`` (:func:`kernel_words`).
   The kernels draw a unit's ``n`` consecutive columns at once; without the
-  high word the hash's index product is shared (:func:`noise.uniform01_run`).
+  high word the hash's index product is shared
+  (:func:`noise.uniform01_run_of_keys`).
   """
+  seed, multiplier, increment = stream
   if high_word:
     return [rounding_draw(seed, rows, first_cols + jnp.uint32(j), in_features, True)
             for j in range(n)]
   _, lo = element_index(rows, first_cols, in_features, False)
-  return noise_lib.uniform01_run(seed, lo, n)
+  return noise_lib.uniform01_run_of_keys(multiplier, increment, lo, n)
 
 
 def needs_high_word(out_features: int, in_features: int) -> bool:

@@ -596,7 +596,7 @@ def noise_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, anti
     n_elements *= dim
   base, lead, n_rows = _flat_geometry(offset, n_elements)
   if config is None:
-    config = config_lib.noise_gradient_heuristics(n_elements, n_individuals)
+    config = config_lib.noise_gradient_heuristics(n_elements, n_individuals, kind)
   config = config.validate()
   block_rows = min(config.block_rows, config_lib.next_pow2(n_rows))
   splits = max(1, min(config.pop_splits or 1, n_individuals))

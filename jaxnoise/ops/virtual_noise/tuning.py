@@ -119,9 +119,9 @@ def tune_weight_gradient(fitness, seeds, shape, sigma, offset: int = 0, *,
   shape = tuple(int(d) for d in shape)
   n_individuals = seeds.shape[0] // 2 if antithetic else seeds.shape[0]
   n_elements = math.prod(shape)
-  heuristic = config_lib.noise_gradient_heuristics(n_elements, n_individuals)
+  heuristic = config_lib.noise_gradient_heuristics(n_elements, n_individuals, kind_)
   if candidates is None:
-    candidates = config_lib.noise_gradient_candidates(n_elements, n_individuals)
+    candidates = config_lib.noise_gradient_candidates(n_elements, n_individuals, kind_)
   candidates = _resolve_candidates(candidates, heuristic)
   fn = api.virtual_weight_gradient if len(shape) == 2 else api.virtual_bias_gradient
   op = functools.partial(fn, seeds=seeds, sigma=sigma, offset=offset, kind=kind,
