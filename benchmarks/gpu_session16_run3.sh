@@ -16,31 +16,10 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_ternary_ops.py -
 timeout 90 python3 benchmarks/baseline_update/check_counter_update.py --suite thorough \
   --no-reference > "$OUT/update/check_thorough.log" 2>&1; echo "thorough check exit $?"
 quiet < "$OUT/update/check_thorough.log" | tail -1
-cat > /tmp/two_updates.py <<'PY'
-import functools, sys
-import jax, jax.numpy as jnp
-sys.path.insert(0, "benchmarks")
-import _harness
-from jaxnoise.ops.ternary import pallas_triton_update, reference
-frozen = _harness.frozen_module("benchmarks/baseline_update/update_7fbab3d.py")
-shape = (8192, 8192)
-codes = jax.random.randint(jax.random.key(0), shape, 0, reference.n_codes(11))
-packed = reference.pack_codes_reference(codes)
-scale = jnp.full((shape[0],), 0.5, jnp.float32)
-v = jnp.full((shape[0],), 1.0, jnp.float32)
-hyper = jnp.asarray([0.05, 1e-3, 0.99, 1e-8], jnp.float32)
-seed = jnp.ones((1,), jnp.uint32)
-for name, module in (("frozen", frozen), ("new", pallas_triton_update)):
-  update = jax.jit(functools.partial(module.counter_update, C=11, lagged=False))
-  for dtype in (jnp.float32, jnp.bfloat16):
-    grad = jax.random.normal(jax.random.key(1), shape, dtype)
-    jax.block_until_ready(update(packed, scale, v, grad, hyper, seed))
-    print(name, jnp.dtype(dtype).name, flush=True)
-PY
 timeout 150 ncu --clock-control none -k regex:"ternary_counter_update" \
   --section SpeedOfLight --section Occupancy --section LaunchStats \
   --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,smsp__inst_executed.sum" \
-  python3 /tmp/two_updates.py > "$OUT/ncu_updates.txt" 2>&1; echo "ncu exit $?"
+  python3 benchmarks/profile_counter_update.py > "$OUT/ncu_updates.txt" 2>&1; echo "ncu exit $?"
 grep -E "ternary_counter_update|Duration|Registers Per|Achieved Occupancy|inst_executed.sum|stalled_(long|wait|barrier|not_sel|math)" \
   "$OUT/ncu_updates.txt" | cut -c1-120 | head -48
 timeout 100 python3 benchmarks/bench_gradient_lanes.py --budget 80 --out "$OUT" \

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxnoise
+import profile_counter_update  # pylint: disable=g-bad-import-order
 from jaxnoise.ops.ternary import pallas_triton_matmul
 from jaxnoise.ops.ternary import pallas_triton_update
 from jaxnoise.ops.ternary import reference
@@ -39,17 +40,7 @@ def main():
   if sys.argv[1:2] == ["matmul"]:
     matmul(*(int(m) for m in sys.argv[2:3]))
     return
-  shape = (8192, 8192)
-  codes = jax.random.randint(jax.random.key(0), shape, 0, reference.n_codes(11))
-  packed = reference.pack_codes_reference(codes)
-  scale = jnp.full((shape[0],), 0.5, jnp.float32)
-  v = jnp.full((shape[0],), 1.0, jnp.float32)
-  hyper = jnp.asarray([0.05, 1e-3, 0.99, 1e-8], jnp.float32)
-  seed = jnp.ones((1,), jnp.uint32)
-  update = jax.jit(functools.partial(pallas_triton_update.counter_update, C=11, lagged=False))
-  for dtype in (jnp.float32, jnp.bfloat16):
-    grad = jax.random.normal(jax.random.key(1), shape, dtype)
-    jax.block_until_ready(update(packed, scale, v, grad, hyper, seed))
+  profile_counter_update.run_updates(pallas_triton_update)
   center = jax.random.normal(jax.random.key(2), (1 << 20,), jnp.float32)
   seeds = jnp.arange(1024, dtype=jnp.uint32)
   jax.block_until_ready(jaxnoise.virtual_reduce_metric(center, seeds, 0.1))
