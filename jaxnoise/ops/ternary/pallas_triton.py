@@ -221,12 +221,15 @@ def unit_centers(raw, layout: UnitLayout, C: int, bias_bits=ref_lib.FLOAT_BIAS_B
   return ref_lib.group_centers(*(b.astype(jnp.uint32) for b in raw), C, bias_bits)
 
 
-def opaque_copy(value):
+def opaque_copy(value, interpret: bool):
   """``value`` (uint32 or uint8) through one ``mov``: a result the compiler cannot merge.
 
   Deriving something twice from the same values is merged into one result
   kept live in between; what is derived from this copy is computed again.
+  The interpreter takes ``value`` itself (the same values).
   """
+  if interpret:
+    return value
   wide = value.astype(jnp.uint32) if value.dtype != jnp.uint32 else value
   [copy] = plgpu.elementwise_inline_asm(
       "mov.b32 $0, $1;", args=[wide], constraints="=r,r", pack=1,

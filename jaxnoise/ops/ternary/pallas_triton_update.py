@@ -196,9 +196,7 @@ def _counter_update_kernel(hyper_ref, words_ref, grad_ref, packed_ref, scale_ref
     # reduction: the centres themselves (a float per code) cost a block of 8 warps per
     # multiprocessor (95 registers against 80); loading the fields again made the
     # kernel wait on memory.
-    if not interpret:
-      fields = [opaque_copy(f) for f in fields]
-    centers = unit_centers(fields, layout, C, bias_bits)
+    centers = unit_centers([opaque_copy(f, interpret) for f in fields], layout, C, bias_bits)
     new_codes = _tick_lanes(stream, rows, units, centers, grads, ratio, step, C=C,
                             codes_per_unit=per_unit, in_features=in_features,
                             high_word=high_word, interpret=interpret)

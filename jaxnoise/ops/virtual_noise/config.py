@@ -210,12 +210,11 @@ def noise_gradient_heuristics(n_elements: int, n_individuals: int,
   bias was 1 us faster without. Without ``kind`` the tiles are the
   one-value-per-word ones.
   """
-  if kind is not None and kind.values_per_word == 32 and n_elements >= 4096:
-    large = n_elements >= 256 * 32 * 64
-    block_rows, num_warps, lanes = (256, 8, True) if large else (128, 4, True)
+  lanes = kind is not None and kind.values_per_word == 32 and n_elements >= 4096
+  if lanes:
+    block_rows, num_warps = (256, 8) if n_elements >= 256 * 32 * 64 else (128, 4)
   else:
-    block_rows = 64 if n_elements >= 64 * 32 * 256 else 32
-    num_warps, lanes = 4, False
+    block_rows, num_warps = (64 if n_elements >= 64 * 32 * 256 else 32), 4
   tiles = -(-n_elements // (block_rows * 32))
   splits = max(1, min(n_individuals // 16, TARGET_PROGRAMS // max(1, tiles)))
   return NoiseGradientConfig(block_rows=block_rows, pop_splits=max(1, splits),
