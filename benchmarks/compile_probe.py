@@ -74,7 +74,7 @@ def cases(only):
   spec = jax.ShapeDtypeStruct
   seeds, sigma = spec((64,), jnp.uint32), spec((), jnp.float32)
   out = []
-  for kind_name in ("uniform", "normal", "rademacher"):
+  for kind_name in ("uniform", "normal", "rademacher", "binomial"):
     for offset in OFFSETS:
       kind = noise_lib.get_kind(kind_name)
       x, w = spec((256, 1024), jnp.bfloat16), spec((1024, 1024), jnp.bfloat16)

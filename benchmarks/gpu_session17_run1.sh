@@ -1,32 +1,21 @@
 #!/bin/bash
-# Prepared in session 16 for the next GPU session (one GPU): what session 16 could not measure.
-# 1. XLA's int4 GEMM in pure JAX (check_int4_gemm.py) under the default flags and without
-#    autotuning: does the reproducer fail as the library's int4 path did (run 4)?
-# 2. The packed matmul's decode method with the bf16 temporary where int4 was the default:
-#    forward and input gradient at 4-64 rows, bf16 and float32 x, against the dense matmul.
-# 3. The counter update and its neighbours (8192^2 float32 / bfloat16, 1000x3996, 1536x2304)
-#    against the frozen 7fbab3d kernel: does 4 warps for bfloat16 hold in a second run?
-# 4. One ES step of EGGROLL's layer through evolution_strategy with the final code (counted
-#    ranks, barrier kept), both dtypes: session 15 measured f32 only with the barrier removed.
+# Session 17 (one GPU), run 1: the kernels' hash with multiply-high shifts (inline PTX), and the
+# reduce-metric with whole tiles unmasked and a fused multiply-add.
+# 1. The virtual-noise kernel tests compiled (the inline PTX exists only there).
+# 2. bench_hash_pipes.py: every op with the shift hash and the multiply-high hash, bit for bit
+#    equal, device time side by side.
+# 3. bench_reduce_metric.py against pure JAX, with session 16's kernel module frozen beside it
+#    (.before/virtual_noise_pallas_triton_4cc70a8.py = git show 4cc70a8:jaxnoise/ops/...).
 set -u
 OUT=${OUT:-benchmarks/out}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
-mkdir -p "$OUT/matmul" "$OUT/input_grad" "$OUT/update" "$OUT/es"
+mkdir -p "$OUT"
 quiet() { grep -v Warn | grep -v _warn_once; }
-for flags in "" "--xla_gpu_autotune_level=0"; do
-  echo "== XLA_FLAGS=$flags"
-  XLA_FLAGS="$flags" timeout 60 python3 benchmarks/check_int4_gemm.py --repeats 1 2>&1 \
-    | quiet | cut -c1-160 | tail -7
-done
-for dtype in bfloat16 float32; do
-  timeout 100 python3 benchmarks/bench_ternary.py --part matmul --batches 4,16,64 \
-    --x-dtype $dtype --budget 80 --out "$OUT/matmul/$dtype" 2>&1 | quiet | grep -v '^{' | tail -8
-  timeout 100 python3 benchmarks/bench_ternary.py --part matmul --op input_grad \
-    --batches 2,4,16,64 --x-dtype $dtype --budget 80 --out "$OUT/input_grad/$dtype" 2>&1 \
-    | quiet | grep -v '^{' | tail -8
-done
-timeout 200 python3 benchmarks/bench_ternary.py --part update \
-  --before-update benchmarks/baseline_update/update_7fbab3d.py --budget 170 \
-  --out "$OUT/update" 2>&1 | quiet | grep -v '^{' | cut -c1-175 | head -40
-timeout 100 python3 benchmarks/probe_es_step.py --skip-forms --only "sgd (where|no check)$" \
-  --out "$OUT/es" 2>&1 | quiet | grep "evolution_strategy"
+timeout 200 python3 -m pytest -q -p no:cacheprovider -x tests/test_virtual_noise_kernels.py \
+  > "$OUT/kernel_tests.log" 2>&1; echo "pytest exit $?"
+tail -4 "$OUT/kernel_tests.log"
+timeout 220 python3 benchmarks/bench_hash_pipes.py --budget 190 --out "$OUT" \
+  > "$OUT/hash_pipes.log" 2>&1; echo "hash_pipes exit $?"
+quiet < "$OUT/hash_pipes.log" | grep -v '^{' | tail -20
+OUT=$OUT timeout 150 python3 benchmarks/bench_reduce_metric.py --kinds binomial \
+  --before .before/virtual_noise_pallas_triton_4cc70a8.py 2>&1 | quiet | cut -c1-150

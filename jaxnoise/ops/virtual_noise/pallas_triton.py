@@ -64,6 +64,8 @@ class NoiseLayout:
     high_word: some word index is 2**32 or more.
     aligned: every row starts on a word boundary (always true for kinds with
       one value per word).
+    compiled: the kernel is lowered for the GPU, not interpreted (its hash
+      takes :func:`jaxnoise.ops._pallas.mix32`'s inline PTX; same bits).
   """
 
   kind: noise_lib.NoiseKind
@@ -73,9 +75,11 @@ class NoiseLayout:
   block_fits: bool
   high_word: bool
   aligned: bool
+  compiled: bool = False
 
   @classmethod
-  def of_block(cls, kind: noise_lib.NoiseKind, offset: int, n_rows: int, n_cols: int):
+  def of_block(cls, kind: noise_lib.NoiseKind, offset: int, n_rows: int, n_cols: int, *,
+               compiled: bool = False):
     end = offset + n_rows * n_cols
     per_word = kind.values_per_word
     return cls(
@@ -86,6 +90,7 @@ class NoiseLayout:
         block_fits=n_rows * n_cols <= 1 << 32,
         high_word=not noise_lib.fits_32_bits(kind, offset, n_rows * n_cols),
         aligned=per_word == 1 or (offset % per_word == 0 and n_cols % per_word == 0),
+        compiled=compiled,
     )
 
 
@@ -134,12 +139,13 @@ def _words(layout: NoiseLayout, keys, start: _RowStart, delta: jax.Array) -> jax
   if not layout.high_word:
     multiplier, increment = keys
     row_part = start.word_lo * multiplier + increment
-    return noise_lib.mix32(delta * multiplier + row_part)
+    return _pallas.mix32(delta * multiplier + row_part, compiled=layout.compiled)
   lo = start.word_lo + delta
   (mul_0, inc_0), (mul_1, inc_1) = keys
   carried = lo < start.word_lo
-  return noise_lib.hash_word(jnp.where(carried, mul_1, mul_0), jnp.where(carried, inc_1, inc_0),
-                             lo)
+  # noise_lib.hash_word's formula.
+  return _pallas.mix32(lo * jnp.where(carried, mul_1, mul_0) + jnp.where(carried, inc_1, inc_0),
+                       compiled=layout.compiled)
 
 
 # Bit patterns of +1.0 in each matrix-unit dtype, and the sign bit's position.
@@ -356,7 +362,8 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, antithetic,
     config = config_lib.perturbed_linear_heuristics(batch, out_features, in_features, kind,
                                                     products)
   config = config.validate()
-  layout = NoiseLayout.of_block(kind, offset, out_features, in_features)
+  layout = NoiseLayout.of_block(kind, offset, out_features, in_features,
+                                compiled=not interpret)
   precision = None if config.tf32 else jax.lax.Precision.HIGHEST
   base = jnp.einsum("...bk,ok->...bo", x, weight.astype(x.dtype) if x.dtype != _F32 else weight,
                     preferred_element_type=_F32, precision=precision)
@@ -459,7 +466,8 @@ def perturbed_linear_input_grad(grad_out, weight, seeds, sigma, offset, *, kind,
   if config is None:
     config = config_lib.input_grad_heuristics(batch, out_features, in_features, kind)
   config = config.validate()
-  layout = NoiseLayout.of_block(kind, offset, out_features, in_features)
+  layout = NoiseLayout.of_block(kind, offset, out_features, in_features,
+                                compiled=not interpret)
   grad_out = grad_out.astype(_F32)
   precision = None if config.tf32 else jax.lax.Precision.HIGHEST
   n_batch_tiles = pl.cdiv(batch, config.block_batch)
@@ -607,7 +615,7 @@ def noise_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, anti
   # Zero fitness pads the population to whole shares: a static trip count.
   pad = splits * per_split - n_individuals
   fitness = jnp.pad(fitness, (0, pad))
-  layout = NoiseLayout.of_block(kind, base, n_rows, 32)
+  layout = NoiseLayout.of_block(kind, base, n_rows, 32, compiled=not interpret)
   keys = _individual_keys(layout, jnp.pad(seeds, (0, pad)))
   kernel = functools.partial(_noise_gradient_kernel, layout=layout, per_split=per_split,
                              n_rows=n_rows, block_rows=block_rows, unroll=unroll,
@@ -673,16 +681,23 @@ def _reduce_metric_kernel(center_ref, seeds_ref, sigma_ref, *out_refs, layout: N
 
 def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_refs,
                                       kind: noise_lib.NoiseKind, word_hi: int, word_lo: int,
-                                      antithetic: bool, n_individuals: int, n_params: int,
-                                      tiles_per_split: int,
+                                      antithetic: bool, n_individuals: int, start: int,
+                                      n_params: int, tiles_per_split: int, compiled: bool,
                                       config: config_lib.ReduceMetricConfig):
-  """``(individuals, parameters)`` tiles of one segment with a constant high word.
+  """``(individuals, parameters)`` tiles of ``center[start:start + n_params]``.
 
-  Element ``(i, k)`` hashes word ``word_lo + k`` of individual ``i``'s stream.
+  The range has a constant high word; element ``(i, k)`` hashes word
+  ``word_lo + k`` of individual ``i``'s stream.
   ``(word_lo + p0 + j) * m + c == j * m + ((word_lo + p0) * m + c)`` (mod
   2**32): the ``(rows, block_params)`` product ``j * m`` is loop-invariant, so
   each element costs one add before the finaliser (same bits as
   :func:`jaxnoise.noise.hash_word`).
+
+  A range of whole tiles (``n_params`` a multiple of ``block_params``) is
+  read and summed without masks, the last split taking fewer tiles; a ragged
+  range is one masked tile. Compiled, ``center + sigma * noise`` is one fused
+  multiply-add (:func:`jaxnoise.ops._pallas.fma`), a rounding the interpreter's
+  multiply then add can differ from in the last bit.
   """
   group, block_params = config.individuals_per_program, config.block_params
   first = pl.program_id(0) * group
@@ -692,20 +707,33 @@ def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_ref
   columns = jax.lax.broadcasted_iota(jnp.int32, (1, block_params), 1)
   column_part = columns.astype(_U32) * multiplier
   factor = _noise_factor(sigma_ref, kind)
-  signs = (1.0, -1.0) if antithetic else (1.0,)
-  first_param = pl.program_id(1) * tiles_per_split * block_params
+  factors = (factor, -factor) if antithetic else (factor,)
+  first_tile = pl.program_id(1) * tiles_per_split
+  masked = n_params % block_params != 0
+  n_tiles = pl.cdiv(n_params, block_params)
 
   def body(position, accs):
-    p0 = first_param + position * block_params
-    valid = (p0 + columns) < n_params
-    center = _pallas.load(center_ref.at[pl.ds(p0, block_params)], mask=valid[0], other=0.0)
+    p0 = (first_tile + position) * block_params
+    window = center_ref.at[pl.ds(start + p0, block_params)]
+    if masked:
+      valid = (p0 + columns) < n_params
+      center = _pallas.load(window, mask=valid[0], other=0.0)
+    else:
+      center = _pallas.load(window)
     tile_part = (_U32(word_lo) + p0.astype(_U32)) * multiplier + increment
-    step = factor * kind.unscaled(noise_lib.mix32(column_part + tile_part))
-    return tuple(acc + jnp.where(valid, jnp.abs(center[None, :] + sign * step), 0.0)
-                 for acc, sign in zip(accs, signs))
+    q = kind.unscaled(_pallas.mix32(column_part + tile_part, compiled=compiled))
+    new = []
+    for acc, signed_factor in zip(accs, factors):
+      value = jnp.abs(_pallas.fma(signed_factor, q, center[None, :], compiled=compiled))
+      new.append(acc + (jnp.where(valid, value, 0.0) if masked else value))
+    return tuple(new)
 
-  zeros = tuple(jnp.zeros((group, block_params), _F32) for _ in signs)
-  accs = jax.lax.fori_loop(0, tiles_per_split, body, zeros)
+  zeros = tuple(jnp.zeros((group, block_params), _F32) for _ in factors)
+  if masked:
+    accs = jax.lax.fori_loop(0, tiles_per_split, body, zeros)
+  else:
+    steps = jnp.minimum(tiles_per_split, n_tiles - first_tile)
+    accs = jax.lax.fori_loop(0, steps, body, zeros)
   for acc, out_ref in zip(accs, out_refs):
     _pallas.store(out_ref.at[pl.program_id(1), pl.ds(first, group)], jnp.sum(acc, axis=1),
                   mask=members < n_individuals)
@@ -734,27 +762,34 @@ def _reduce_metric_individuals(center, seeds, sigma, offset, *, kind, antithetic
   n_groups = pl.cdiv(n_individuals, group)
   padded_seeds = jnp.pad(seeds, (0, n_groups * group - n_individuals))
   sigma = jnp.reshape(sigma, (1,)).astype(_F32)
+  n_outputs = 2 if antithetic else 1
   totals = None
   for start, length, word_hi, word_lo in _constant_high_word_segments(offset, center.shape[0]):
-    n_tiles = pl.cdiv(length, block_params)
-    splits = max(1, min(config.param_splits or 1, n_tiles))
-    tiles_per_split = -(-n_tiles // splits)
-    splits = -(-n_tiles // tiles_per_split)
-    kernel = functools.partial(
-        _reduce_metric_individuals_kernel, kind=kind, word_hi=word_hi, word_lo=word_lo,
-        antithetic=antithetic, n_individuals=n_individuals, n_params=length,
-        tiles_per_split=tiles_per_split, config=config)
-    n_outputs = 2 if antithetic else 1
-    sums = _pallas.pallas_call(
-        kernel,
-        out_shape=[jax.ShapeDtypeStruct((splits, n_groups * group), _F32)] * n_outputs,
-        grid=(n_groups, splits),
-        interpret=interpret,
-        compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
-        name="virtual_reduce_metric",
-    )(center[start:start + length].astype(_F32), padded_seeds, sigma)
-    sums = [s.sum(0)[:n_individuals] for s in sums]
-    totals = sums if totals is None else [a + b for a, b in zip(totals, sums)]
+    segment = center[start:start + length].astype(_F32)
+    whole = length - length % block_params
+    # The whole tiles unmasked, then the ragged rest as one masked tile.
+    for part_start, part_length in ((0, whole), (whole, length - whole)):
+      if not part_length:
+        continue
+      n_tiles = pl.cdiv(part_length, block_params)
+      splits = max(1, min(config.param_splits or 1, n_tiles))
+      tiles_per_split = -(-n_tiles // splits)
+      splits = -(-n_tiles // tiles_per_split)
+      kernel = functools.partial(
+          _reduce_metric_individuals_kernel, kind=kind, word_hi=word_hi,
+          word_lo=word_lo + part_start, antithetic=antithetic, n_individuals=n_individuals,
+          start=part_start, n_params=part_length, tiles_per_split=tiles_per_split,
+          compiled=not interpret, config=config)
+      sums = _pallas.pallas_call(
+          kernel,
+          out_shape=[jax.ShapeDtypeStruct((splits, n_groups * group), _F32)] * n_outputs,
+          grid=(n_groups, splits),
+          interpret=interpret,
+          compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
+          name="virtual_reduce_metric",
+      )(segment, padded_seeds, sigma)
+      sums = [s.sum(0)[:n_individuals] for s in sums]
+      totals = sums if totals is None else [a + b for a, b in zip(totals, sums)]
   return totals
 
 
@@ -788,7 +823,7 @@ def reduce_metric(center, seeds, sigma, offset, *, kind, antithetic, config=None
   # Left-pad to the word-aligned start, right-pad to whole tiles (a static trip count).
   padded_rows = splits * tiles_per_split * block_rows
   padded = jnp.pad(center.astype(_F32), (lead, padded_rows * 32 - lead - n_params))
-  layout = NoiseLayout.of_block(kind, base, padded_rows, 32)
+  layout = NoiseLayout.of_block(kind, base, padded_rows, 32, compiled=not interpret)
   kernel = functools.partial(
       _reduce_metric_kernel, layout=layout, antithetic=antithetic, n_individuals=n_individuals,
       lead=lead, n_params=n_params, tiles_per_split=tiles_per_split, config=config)
