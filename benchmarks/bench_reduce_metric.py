@@ -52,6 +52,7 @@ def configs(pop: int, n_params: int, kind: str):
     return out
   wide = config_lib.reduce_metric_individuals_heuristics(n_params, pop)
   out["individuals"] = wide
+  out["individuals bp256"] = dataclasses.replace(wide, block_params=256)
   out["individuals bp512"] = dataclasses.replace(wide, block_params=512)
   out["individuals g16 w4"] = dataclasses.replace(wide, individuals_per_program=16, num_warps=4)
   out["individuals g64 w16"] = dataclasses.replace(wide, individuals_per_program=64,

@@ -145,11 +145,8 @@ _U32 = jnp.uint32
 _MASK32 = 0xFFFFFFFF
 
 # Finaliser constants (lowbias32) and key-schedule constants.
-# lowbias32's constants (also written into the kernels' inline PTX,
-# jaxnoise.ops._pallas.mix32): x ^= x >> s0; x *= m0; x ^= x >> s1; x *= m1;
-# x ^= x >> s2.
-MIX_SHIFTS = (16, 15, 16)
-MIX_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
+_MIX_MUL_1 = 0x7FEB352D
+_MIX_MUL_2 = 0x846CA68B
 _GOLDEN = 0x9E3779B9
 _HI_SALT = 0x632BE5AB
 _MULTIPLIER_SALT = 0x3C6EF372
@@ -178,10 +175,11 @@ def mix32(x: jax.Array) -> jax.Array:
     >>> int(mix32(jnp.uint32(1)))
     1753845952
   """
-  for shift, multiplier in zip(MIX_SHIFTS, MIX_MULTIPLIERS):
-    x = x ^ (x >> _U32(shift))
-    x = x * _U32(multiplier)
-  return x ^ (x >> _U32(MIX_SHIFTS[-1]))
+  x = x ^ (x >> 16)
+  x = x * _U32(_MIX_MUL_1)
+  x = x ^ (x >> 15)
+  x = x * _U32(_MIX_MUL_2)
+  return x ^ (x >> 16)
 
 
 def stream_keys(seed: jax.Array, word_hi: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -188,6 +188,31 @@ def test_flat_ops_match_reference(rng, implementation, kind, antithetic, offset)
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("kind", ["binomial", "uniform", "normal"])
+@pytest.mark.parametrize("n_params, offset", [
+    (128 * 7, 11),  # whole tiles only; the last of 4 splits takes one tile
+    (128 * 6 + 37, 3),  # whole tiles, then a ragged one
+    (100, 2**32 + 5),  # one ragged tile
+    (128 * 5 + 3, 2**32 - 128 * 3 - 10),  # two high words, each whole tiles and a ragged rest
+])
+def test_reduce_metric_individuals_whole_and_ragged_tiles(rng, implementation, kind, n_params,
+                                                          offset):
+  pop = 10  # 10 individuals or 5 pairs: groups of 4 with a partial last group
+  seeds = _seeds(rng, pop)
+  center = _normal(rng, (n_params,), "float32")
+  config = config_lib.ReduceMetricConfig(layout="individuals", individuals_per_program=4,
+                                         block_params=128, param_splits=4, num_warps=4)
+  for antithetic in (False, True):
+    kw = dict(kind=kind, antithetic=antithetic)
+    want = jaxnoise.virtual_reduce_metric(center, seeds, 0.3, None, offset,
+                                          implementation="reference", **kw)
+    got = jaxnoise.virtual_reduce_metric(center, seeds, 0.3, None, offset,
+                                         implementation=implementation, config=config, **kw)
+    assert got.shape == (pop,)
+    assert _rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_flat_ops_tilings_agree(rng, implementation):
   pop = 9
   fitness = _normal(rng, (pop,), "float32")

@@ -8,9 +8,7 @@
   message (and no other) is installed when this module is imported.
 * :func:`compiler_params` builds Triton compiler parameters for both jax
   0.10 and 0.11.
-* :func:`mix32` is :func:`jaxnoise.noise.mix32` for kernels: compiled, its
-  right shifts are multiply-highs (inline PTX), which moves half of the
-  hash's integer work from the GPU's ALU pipe to its multiply pipe.
+* :func:`fma` is a float32 fused multiply-add (inline PTX when compiled).
 * :func:`max_shared_memory_per_block` reads the device's real opt-in
   shared-memory limit from the CUDA driver (``cuDeviceGetAttribute`` with
   attribute 97 through ctypes), never from a table of GPU names;
@@ -30,7 +28,6 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxnoise import noise as noise_lib
 from jaxnoise.ops import _common
 
 __all__ = [
@@ -39,7 +36,6 @@ __all__ = [
     "load",
     "fma",
     "max_shared_memory_per_block",
-    "mix32",
     "pallas_call",
     "quiet_triton_deprecation",
     "store",
@@ -99,48 +95,6 @@ def _varying_like(example, shape: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
   if manual is not None:
     return jax.ShapeDtypeStruct(shape.shape, shape.dtype, manual_axis_type=manual)
   return jax.ShapeDtypeStruct(shape.shape, shape.dtype, vma=jax.typeof(example).vma)
-
-
-# lowbias32 with each ``x >> s`` written ``mul.hi.u32(x, 2**(32 - s))``: the
-# high word of ``x * 2**(32 - s)`` is ``x >> s`` exactly. ptxas keeps a
-# multiply-high as ``IMAD.HI`` (the FMA pipe) where it turns ``shr`` into
-# ``SHF`` (the ALU pipe, half the FMA pipe's rate, which also takes the
-# xors): a hash of 3 SHF + 3 LOP3 + 2 IMAD on the ALU/FMA pipes becomes
-# 3 LOP3 + 5 IMAD. Checked with ``ptxas -arch=sm_90a`` and ``cuobjdump``.
-def _mix32_ptx() -> str:
-  (s0, s1, s2), (m0, m1) = noise_lib.MIX_SHIFTS, noise_lib.MIX_MULTIPLIERS
-  return "\n".join([
-      "{", ".reg .b32 t, x;",
-      f"mul.hi.u32 t, $1, {1 << (32 - s0)};", "xor.b32 x, $1, t;", f"mul.lo.u32 x, x, {m0};",
-      f"mul.hi.u32 t, x, {1 << (32 - s1)};", "xor.b32 x, x, t;", f"mul.lo.u32 x, x, {m1};",
-      f"mul.hi.u32 t, x, {1 << (32 - s2)};", "xor.b32 $0, x, t;", "}"])
-
-
-_MIX32_PTX = _mix32_ptx()
-
-# Off only to time the shift form against it (benchmarks/bench_hash_pipes.py).
-MIX32_BY_MULTIPLY_HIGH = True
-
-
-def mix32(x: jax.Array, *, compiled: bool) -> jax.Array:
-  """:func:`jaxnoise.noise.mix32` inside a kernel (the same bits).
-
-  Args:
-    x: uint32 array.
-    compiled: the kernel is lowered for the GPU (``interpret=False``). Then
-      the finaliser is one inline-PTX block whose right shifts are
-      multiply-highs; the interpreter takes :func:`jaxnoise.noise.mix32`.
-
-  Returns:
-    uint32 array of ``x``'s shape.
-  """
-  if not (compiled and MIX32_BY_MULTIPLY_HIGH):
-    return noise_lib.mix32(x)
-  # Declared int32: Triton's inline asm takes signless integers only (same bits).
-  [mixed] = plgpu.elementwise_inline_asm(
-      _MIX32_PTX, args=[x], constraints="=r,r", pack=1,
-      result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.int32)])
-  return mixed.astype(jnp.uint32)
 
 
 def fma(a: jax.Array, b: jax.Array, c: jax.Array, *, compiled: bool) -> jax.Array:

@@ -64,8 +64,6 @@ class NoiseLayout:
     high_word: some word index is 2**32 or more.
     aligned: every row starts on a word boundary (always true for kinds with
       one value per word).
-    compiled: the kernel is lowered for the GPU, not interpreted (its hash
-      takes :func:`jaxnoise.ops._pallas.mix32`'s inline PTX; same bits).
   """
 
   kind: noise_lib.NoiseKind
@@ -75,11 +73,9 @@ class NoiseLayout:
   block_fits: bool
   high_word: bool
   aligned: bool
-  compiled: bool = False
 
   @classmethod
-  def of_block(cls, kind: noise_lib.NoiseKind, offset: int, n_rows: int, n_cols: int, *,
-               compiled: bool = False):
+  def of_block(cls, kind: noise_lib.NoiseKind, offset: int, n_rows: int, n_cols: int):
     end = offset + n_rows * n_cols
     per_word = kind.values_per_word
     return cls(
@@ -90,7 +86,6 @@ class NoiseLayout:
         block_fits=n_rows * n_cols <= 1 << 32,
         high_word=not noise_lib.fits_32_bits(kind, offset, n_rows * n_cols),
         aligned=per_word == 1 or (offset % per_word == 0 and n_cols % per_word == 0),
-        compiled=compiled,
     )
 
 
@@ -139,13 +134,12 @@ def _words(layout: NoiseLayout, keys, start: _RowStart, delta: jax.Array) -> jax
   if not layout.high_word:
     multiplier, increment = keys
     row_part = start.word_lo * multiplier + increment
-    return _pallas.mix32(delta * multiplier + row_part, compiled=layout.compiled)
+    return noise_lib.mix32(delta * multiplier + row_part)
   lo = start.word_lo + delta
   (mul_0, inc_0), (mul_1, inc_1) = keys
   carried = lo < start.word_lo
-  # noise_lib.hash_word's formula.
-  return _pallas.mix32(lo * jnp.where(carried, mul_1, mul_0) + jnp.where(carried, inc_1, inc_0),
-                       compiled=layout.compiled)
+  return noise_lib.hash_word(jnp.where(carried, mul_1, mul_0), jnp.where(carried, inc_1, inc_0),
+                             lo)
 
 
 # Bit patterns of +1.0 in each matrix-unit dtype, and the sign bit's position.
@@ -362,8 +356,7 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, antithetic,
     config = config_lib.perturbed_linear_heuristics(batch, out_features, in_features, kind,
                                                     products)
   config = config.validate()
-  layout = NoiseLayout.of_block(kind, offset, out_features, in_features,
-                                compiled=not interpret)
+  layout = NoiseLayout.of_block(kind, offset, out_features, in_features)
   precision = None if config.tf32 else jax.lax.Precision.HIGHEST
   base = jnp.einsum("...bk,ok->...bo", x, weight.astype(x.dtype) if x.dtype != _F32 else weight,
                     preferred_element_type=_F32, precision=precision)
@@ -466,8 +459,7 @@ def perturbed_linear_input_grad(grad_out, weight, seeds, sigma, offset, *, kind,
   if config is None:
     config = config_lib.input_grad_heuristics(batch, out_features, in_features, kind)
   config = config.validate()
-  layout = NoiseLayout.of_block(kind, offset, out_features, in_features,
-                                compiled=not interpret)
+  layout = NoiseLayout.of_block(kind, offset, out_features, in_features)
   grad_out = grad_out.astype(_F32)
   precision = None if config.tf32 else jax.lax.Precision.HIGHEST
   n_batch_tiles = pl.cdiv(batch, config.block_batch)
@@ -615,7 +607,7 @@ def noise_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, anti
   # Zero fitness pads the population to whole shares: a static trip count.
   pad = splits * per_split - n_individuals
   fitness = jnp.pad(fitness, (0, pad))
-  layout = NoiseLayout.of_block(kind, base, n_rows, 32, compiled=not interpret)
+  layout = NoiseLayout.of_block(kind, base, n_rows, 32)
   keys = _individual_keys(layout, jnp.pad(seeds, (0, pad)))
   kernel = functools.partial(_noise_gradient_kernel, layout=layout, per_split=per_split,
                              n_rows=n_rows, block_rows=block_rows, unroll=unroll,
@@ -721,7 +713,7 @@ def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_ref
     else:
       center = _pallas.load(window)
     tile_part = (_U32(word_lo) + p0.astype(_U32)) * multiplier + increment
-    q = kind.unscaled(_pallas.mix32(column_part + tile_part, compiled=compiled))
+    q = kind.unscaled(noise_lib.mix32(column_part + tile_part))
     new = []
     for acc, signed_factor in zip(accs, factors):
       value = jnp.abs(_pallas.fma(signed_factor, q, center[None, :], compiled=compiled))
@@ -823,7 +815,7 @@ def reduce_metric(center, seeds, sigma, offset, *, kind, antithetic, config=None
   # Left-pad to the word-aligned start, right-pad to whole tiles (a static trip count).
   padded_rows = splits * tiles_per_split * block_rows
   padded = jnp.pad(center.astype(_F32), (lead, padded_rows * 32 - lead - n_params))
-  layout = NoiseLayout.of_block(kind, base, padded_rows, 32, compiled=not interpret)
+  layout = NoiseLayout.of_block(kind, base, padded_rows, 32)
   kernel = functools.partial(
       _reduce_metric_kernel, layout=layout, antithetic=antithetic, n_individuals=n_individuals,
       lead=lead, n_params=n_params, tiles_per_split=tiles_per_split, config=config)
