@@ -376,7 +376,8 @@ MAX_KERNEL_RANK = 16
 
 def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int,
                                kind: str | None = None) -> LowRankLinearConfig:
-  """Register tiles of 4096 elements, the batch up to 16 rows; 8 warps above rank 1.
+  """Register tiles of 4096 elements, the batch up to 16 rows; 8 warps above rank 1 (the
+  fused forward at rank 1: 8192-wide reduce tiles and 8 warps, below).
 
   From the H200 sweep of device time (CUPTI kernel durations, no host
   dispatch) at 1024 members x (8192, 8192), one row each
@@ -402,11 +403,19 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
   """
   block_batch = min(16, next_pow2(batch))
   width = max(32, 4096 // block_batch)
-  block_reduce = min(width, max(32, next_pow2(n_reduce)))
-  block_emit = min(width, max(32, next_pow2(n_emit)))
   fused_gemm = rank <= 2 or (rank <= 4 and kind != "rademacher")
+  block_emit = min(width, max(32, next_pow2(n_emit)))
+  if fused_gemm and batch == 1 and rank == 1:
+    # The fused forward's operands kernel (x_i B_i, one program per pair) runs
+    # these tiles: 8192 wide and 8 warps read x at its copy speed
+    # (benchmarks/tune_fused_operands.py, H200, 2026-12-03: 9.8 against 10.7 us
+    # in float32, 6.2 against 6.6 us in bfloat16, reading x alone 10.2 / 6.7 us;
+    # at rank 4 the 4096-wide, 8-warp tiles stay the fastest).
+    width = 8192
+  block_reduce = min(width, max(32, next_pow2(n_reduce)))
+  warps = 8 if rank > 1 or width == 8192 else 4
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
-                             block_emit=block_emit, num_warps=4 if rank == 1 else 8,
+                             block_emit=block_emit, num_warps=warps,
                              num_stages=1,
                              materialize=rank > MAX_KERNEL_RANK, fuse_base=True,
                              fused_gemm=fused_gemm)
