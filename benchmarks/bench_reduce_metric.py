@@ -68,7 +68,8 @@ def configs(pop: int, n_params: int, kind: str):
   return out
 
 
-def bench_shape(pop, n_params, kind, *, implementation, offset, repeats, before=None):
+def bench_shape(pop, n_params, kind, *, implementation, offset, repeats, before=None,
+                only_configs=None):
   center = jax.random.normal(jax.random.key(0), (n_params,), jnp.float32)
   seeds = jnp.arange(pop, dtype=jnp.uint32) * jnp.uint32(2654435761)
   op = functools.partial(jaxnoise.virtual_reduce_metric, sigma=0.1, offset=offset, kind=kind)
@@ -89,7 +90,8 @@ def bench_shape(pop, n_params, kind, *, implementation, offset, repeats, before=
             "pure_jax_s": pure_jax, "pure_jax_values_per_s": values / pure_jax,
             "pure_jax_forms_s": walls, "pure_jax_forms_busy_s": busys,
             "pure_jax_busy_s": pure_busy, "configs": {}}
-  cases = {name: (config, None) for name, config in configs(pop, n_params, kind).items()}
+  cases = {name: (config, None) for name, config in configs(pop, n_params, kind).items()
+           if not only_configs or name in only_configs}
   if before is not None and "individuals" in cases:  # The frozen kernels, same config.
     cases["individuals (before)"] = (cases["individuals"][0], before)
   for name, (config, frozen) in cases.items():
@@ -133,6 +135,9 @@ def main(argv=None):
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--kinds", default="binomial,uniform")
   parser.add_argument("--offset", type=int, default=0)
+  parser.add_argument("--configs", default="",
+                      help='comma-separated config names to time (default: all), e.g. '
+                           '"individuals,individuals g64 w16"')
   parser.add_argument("--before", default=None,
                       help="also time the reduce-metric kernel of this frozen copy of "
                            "jaxnoise/ops/virtual_noise/pallas_triton.py at the same config")
@@ -149,7 +154,8 @@ def main(argv=None):
     for pop, n_params in (QUICK_SHAPES if args.quick else SHAPES):
       print(f"reduce-metric {kind} pop {pop} x {n_params} (offset {args.offset})", flush=True)
       results.append(bench_shape(pop, n_params, kind, implementation=implementation,
-                                 offset=args.offset, repeats=repeats, before=before))
+                                 offset=args.offset, repeats=repeats, before=before,
+                                 only_configs=set(filter(None, args.configs.split(",")))))
       for form, seconds in results[-1]["pure_jax_forms_s"].items():
         busy = results[-1]["pure_jax_forms_busy_s"].get(form, float("nan"))
         print(f"  pure JAX {form:<22} {seconds * 1e3:8.3f} ms  busy {busy * 1e3:8.3f} ms",

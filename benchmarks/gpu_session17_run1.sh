@@ -1,6 +1,7 @@
 #!/bin/bash
-# Session 17 (one GPU), run 1: the kernels' hash with multiply-high shifts (inline PTX), and the
-# reduce-metric with whole tiles unmasked and a fused multiply-add.
+# Session 17 (one GPU), run 1, on the tree of commit 08af7c5 (bench_hash_pipes.py and the
+# multiply-high hash were removed after it): the kernels' hash with multiply-high shifts
+# (inline PTX), and the reduce-metric with whole tiles unmasked and a fused multiply-add.
 # 1. The virtual-noise kernel tests compiled (the inline PTX exists only there).
 # 2. bench_hash_pipes.py: every op with the shift hash and the multiply-high hash, bit for bit
 #    equal, device time side by side.

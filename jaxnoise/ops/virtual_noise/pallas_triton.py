@@ -689,7 +689,9 @@ def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_ref
   read and summed without masks, the last split taking fewer tiles; a ragged
   range is one masked tile. Compiled, ``center + sigma * noise`` is one fused
   multiply-add (:func:`jaxnoise.ops._pallas.fma`), a rounding the interpreter's
-  multiply then add can differ from in the last bit.
+  multiply then add can differ from in the last bit; for ``"binomial"`` it is
+  taken on :func:`_binomial_unit` against the centre shifted once per tile (a
+  different rounding of the same value, within the metric's float32 sums).
   """
   group, block_params = config.individuals_per_program, config.block_params
   first = pl.program_id(0) * group
@@ -700,6 +702,11 @@ def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_ref
   column_part = columns.astype(_U32) * multiplier
   factor = _noise_factor(sigma_ref, kind)
   factors = (factor, -factor) if antithetic else (factor,)
+  binomial = kind.name == "binomial"
+  if binomial:
+    # center + factor * q == (center - 48 factor) + 32 factor * unit (q = 32 unit - 48):
+    # per value one fused multiply-add on the unit, the centre's shift once per tile.
+    affine = [(_F32(32.0) * f, _F32(-48.0) * f) for f in factors]
   first_tile = pl.program_id(1) * tiles_per_split
   masked = n_params % block_params != 0
   n_tiles = pl.cdiv(n_params, block_params)
@@ -713,10 +720,16 @@ def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_ref
     else:
       center = _pallas.load(window)
     tile_part = (_U32(word_lo) + p0.astype(_U32)) * multiplier + increment
-    q = kind.unscaled(noise_lib.mix32(column_part + tile_part))
+    words = noise_lib.mix32(column_part + tile_part)
+    if binomial:
+      unit = _binomial_unit(words)
+      terms = [(slope, unit, (center + shift)[None, :]) for slope, shift in affine]
+    else:
+      q = kind.unscaled(words)
+      terms = [(f, q, center[None, :]) for f in factors]
     new = []
-    for acc, signed_factor in zip(accs, factors):
-      value = jnp.abs(_pallas.fma(signed_factor, q, center[None, :], compiled=compiled))
+    for acc, (a, b, c) in zip(accs, terms):
+      value = jnp.abs(_pallas.fma(a, b, c, compiled=compiled))
       new.append(acc + (jnp.where(valid, value, 0.0) if masked else value))
     return tuple(new)
 
@@ -729,6 +742,17 @@ def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_ref
   for acc, out_ref in zip(accs, out_refs):
     _pallas.store(out_ref.at[pl.program_id(1), pl.ds(first, group)], jnp.sum(acc, axis=1),
                   mask=members < n_individuals)
+
+
+def _binomial_unit(words: jax.Array) -> jax.Array:
+  """float32 ``1 + popcount(words) / 32``, exact: the "binomial" ``q`` is ``32 unit - 48``.
+
+  Its bits are ``0x3F800000 + (popcount << 18)`` (a count of 32 carries into
+  the exponent: 2.0), one multiply-add on the count where ``kind.unscaled``
+  takes an ``or`` and a float subtraction.
+  """
+  count = jax.lax.population_count(jax.lax.bitcast_convert_type(words, jnp.int32))
+  return jax.lax.bitcast_convert_type(count * (1 << 18) + 0x3F800000, _F32)
 
 
 def _constant_high_word_segments(offset: int, n_params: int):
