@@ -33,8 +33,8 @@ from jaxnoise.ops import _common
 __all__ = [
     "choose_num_stages",
     "compiler_params",
-    "load",
     "fma",
+    "load",
     "max_shared_memory_per_block",
     "pallas_call",
     "quiet_triton_deprecation",
