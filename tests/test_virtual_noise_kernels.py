@@ -187,6 +187,16 @@ def test_flat_ops_match_reference(rng, implementation, kind, antithetic, offset)
   assert _rel_err(got, want) <= 1e-5
 
 
+def test_binomial_unit_is_exact(rng):
+  words = np.concatenate([rng.integers(0, 2**32, 4093, dtype=np.uint64).astype(np.uint32),
+                          np.array([0, 0xFFFFFFFF, 1], np.uint32)])
+  unit = np.asarray(pallas_triton._binomial_unit(jnp.asarray(words)))  # pylint: disable=protected-access
+  want = np.asarray(noise_lib.get_kind("binomial").unscaled(jnp.asarray(words)))
+  np.testing.assert_array_equal(unit, 1.0 + (want + 16.0) / 32.0)
+  np.testing.assert_array_equal(32.0 * unit - 48.0, want)
+  assert unit.min() == 1.0 and unit.max() == 2.0
+
+
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("kind", ["binomial", "uniform", "normal"])
 @pytest.mark.parametrize("n_params, offset", [
