@@ -396,22 +396,15 @@ def uniform01_of_word(word: jax.Array) -> jax.Array:
   return (word & _U32(0xFFFFFF00)).astype(jnp.float32) * jnp.float32(2.0**-32)
 
 
-def uniform01_run(seed, index_lo, n: int) -> list[jax.Array]:
+def uniform01_run_of_keys(multiplier, increment, index_lo, n: int) -> list[jax.Array]:
   """:func:`uniform01` at ``index_lo + j`` for ``j < n`` (high word 0), sharing the product.
 
-  ``(lo + j) * m + c = (lo * m + c) + j * m`` modulo 2**32, so a run of ``n``
-  consecutive indices costs one multiply and ``n`` adds before the finaliser.
-  The caller guarantees ``index_lo + j`` does not wrap past 2**32.
-  """
-  multiplier, increment = stream_keys(seed, jnp.zeros((), _U32))
-  return uniform01_run_of_keys(multiplier, increment, index_lo, n)
-
-
-def uniform01_run_of_keys(multiplier, increment, index_lo, n: int) -> list[jax.Array]:
-  """:func:`uniform01_run` from the stream's keys (:func:`stream_keys` at high word 0).
-
-  Kernels take the keys formed once outside (in XLA) rather than hashing the
-  seed in every program.
+  ``multiplier`` and ``increment`` are the stream's keys (:func:`stream_keys`
+  at high word 0), which kernels take formed once outside (in XLA) rather
+  than hashing the seed in every program. ``(lo + j) * m + c = (lo * m + c) +
+  j * m`` modulo 2**32, so a run of ``n`` consecutive indices costs one
+  multiply and ``n`` adds before the finaliser. The caller guarantees
+  ``index_lo + j`` does not wrap past 2**32.
   """
   base = index_lo * multiplier + increment
   return [uniform01_of_word(mix32(base + _U32(j) * multiplier)) for j in range(n)]

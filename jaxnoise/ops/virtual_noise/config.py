@@ -405,7 +405,8 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
   width = max(32, 4096 // block_batch)
   fused_gemm = rank <= 2 or (rank <= 4 and kind != "rademacher")
   block_emit = min(width, max(32, next_pow2(n_emit)))
-  if fused_gemm and batch == 1 and rank == 1:
+  wide_operands = fused_gemm and batch == 1 and rank == 1
+  if wide_operands:
     # The fused forward's operands kernel (x_i B_i, one program per pair) runs
     # these tiles: 8192 wide and 8 warps read x at its copy speed
     # (benchmarks/tune_fused_operands.py, H200, 2026-12-03: 9.8 against 10.7 us
@@ -413,7 +414,7 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
     # at rank 4 the 4096-wide, 8-warp tiles stay the fastest).
     width = 8192
   block_reduce = min(width, max(32, next_pow2(n_reduce)))
-  warps = 8 if rank > 1 or width == 8192 else 4
+  warps = 8 if rank > 1 or wide_operands else 4
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
                              block_emit=block_emit, num_warps=warps,
                              num_stages=1,

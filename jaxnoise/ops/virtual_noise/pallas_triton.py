@@ -734,11 +734,9 @@ def _reduce_metric_individuals_kernel(center_ref, seeds_ref, sigma_ref, *out_ref
     return tuple(new)
 
   zeros = tuple(jnp.zeros((group, block_params), _F32) for _ in factors)
-  if masked:
-    accs = jax.lax.fori_loop(0, tiles_per_split, body, zeros)
-  else:
-    steps = jnp.minimum(tiles_per_split, n_tiles - first_tile)
-    accs = jax.lax.fori_loop(0, steps, body, zeros)
+  # The last split may hold fewer tiles.
+  steps = jnp.minimum(tiles_per_split, n_tiles - first_tile)
+  accs = jax.lax.fori_loop(0, steps, body, zeros)
   for acc, out_ref in zip(accs, out_refs):
     _pallas.store(out_ref.at[pl.program_id(1), pl.ds(first, group)], jnp.sum(acc, axis=1),
                   mask=members < n_individuals)
