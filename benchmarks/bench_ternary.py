@@ -671,7 +671,13 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
               split_k=steps)
     out = [base, dot16] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
   elif m_rows <= 16:
-    out = [base] + dot
+    # fma tiles of all rows (each weight's t shared by the rows, one multiply-add per row),
+    # small enough that the rows' accumulators stay in registers.
+    many = [M(block_m=block_m, block_n=n, block_groups=g, num_warps=w, num_stages=3,
+              split_k=k, method="fma")
+            for n, g, k, w in [(8, 128, 4, 4), (8, 256, 2, 4), (16, 128, 4, 4), (4, 256, 4, 2),
+                               (8, 512, 1, 4)]]
+    out = [base] + dot + many
   elif m_rows < 256:
     out = [base] + [c for c in M.candidates(shape, jnp.bfloat16)
                                      if c.method != base.method][:3]

@@ -643,8 +643,9 @@ def test_fma_tiles_of_several_rows_agree_with_one_row_tiles(rng, dtype, m_rows, 
 
 
 def test_matmul_heuristic_methods_per_batch_and_dtype():
-  """fma tiles for 1-3 rows (every row in one program), then dot tiles, then decode."""
-  for dtype, fma_rows, decode_from in [(jnp.bfloat16, 3, 64), (jnp.float16, 3, 64),
+  """fma tiles for 1-4 rows (every row in one program; 1-3 for float32), then dot tiles,
+  then decode."""
+  for dtype, fma_rows, decode_from in [(jnp.bfloat16, 4, 64), (jnp.float16, 4, 64),
                                        (jnp.float32, 3, 4)]:
     for m_rows in list(range(1, 70)) + [127, 128, 300]:
       config = config_lib.MatmulConfig.get_heuristics_config((m_rows, 4096, 4096), dtype)
@@ -669,7 +670,7 @@ def test_input_grad_heuristic_methods_per_batch_and_dtype():
           assert config.split_k <= -(-out_features // config.block_n), config
 
 
-@pytest.mark.parametrize("m_rows", [1, 2, 3, 4, 16, 64, 256])
+@pytest.mark.parametrize("m_rows", [1, 2, 3, 4, 5, 16, 64, 256])
 def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   """The heuristic's config per batch (fma, byte-unit dot, decode) runs in interpret mode."""
   # pylint: disable-next=g-import-not-at-top
@@ -679,7 +680,7 @@ def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   x = jnp.asarray(rng.normal(size=(m_rows, in_features)), jnp.bfloat16)
   config = config_lib.MatmulConfig.get_heuristics_config((m_rows, out_features, in_features),
                                                          x.dtype)
-  expected_method = {1: "fma", 2: "fma", 3: "fma", 4: "dot", 16: "dot", 64: "decode",
+  expected_method = {1: "fma", 2: "fma", 3: "fma", 4: "fma", 5: "dot", 16: "dot", 64: "decode",
                      256: "decode"}[m_rows]
   assert config.method == expected_method, config
   # fma: every row in one program (each weight read once).
@@ -911,6 +912,78 @@ def test_centres_read_from_packed_fields_are_exact(jit):
                                     np.asarray(reference.code_center(code, C)))
       np.testing.assert_array_equal(np.asarray(t),
                                     np.asarray(reference.ternary_of(code, C), np.float32))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_ternary_from_clamped_ramps_is_exact(rng, jit):
+  """word_ternary / group_ternary (two clamped adds per code) equal ternary_of, bit for bit.
+
+  Every code 0..63 (past the range too) in every field position, the other
+  bits of each word random (the mask must drop them), every C; under jit too.
+  """
+  codes = np.stack([np.roll(np.arange(64), k)[:16 * 4] for k in range(64)]).astype(np.int32)
+  lanes = [jnp.asarray(codes[:, j::16].reshape(-1)) for j in range(16)]
+  maybe_jit = jax.jit if jit else (lambda f: f)
+  for C in range(1, 12):
+    words = reference.pack_words(lanes)
+    groups = [x.astype(jnp.uint32) for x in reference.pack_group(*lanes[:4])]
+    got = maybe_jit(lambda w, b: (reference.word_ternary(*w, C),
+                                  reference.group_ternary(*b, C)))(words, groups)
+    for j, value in enumerate(got[0] + got[1]):
+      code = lanes[j % 16] if j < 16 else lanes[j - 16]
+      np.testing.assert_array_equal(np.asarray(value),
+                                    np.asarray(reference.ternary_of(code, C), np.float32))
+  # Random words: each field's neighbours hold arbitrary bits.
+  words = [jnp.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32))
+           for _ in range(3)]
+  for C in (1, 6, 11):
+    expected = [reference.ternary_of(c, C) for c in reference.unpack_words(*words)]
+    for value, want in zip(reference.word_ternary(*words, C), expected):
+      np.testing.assert_array_equal(np.asarray(value), np.asarray(want, np.float32))
+
+
+def test_ramp_offsets_reject_what_they_cannot_decode():
+  """Every field position a kernel reads has offsets; fields past bit 24 and bad thresholds
+  are refused, and the bases miss the fields they serve."""
+  for bit in range(25):
+    base = reference.ramp_base(bit)
+    assert base & (0x3F << bit) == 0 and not base >> 31, bit
+    for threshold in range(1, 43):
+      above = reference.ramp_offset(bit, threshold, True)
+      below = reference.ramp_offset(bit, threshold, False)
+      assert np.float32(above) == above and np.float32(below) == below
+  for bad in [(25, 3, True), (0, 0, True), (0, 64, False)]:
+    with pytest.raises(AssertionError):
+      reference.ramp_offset(*bad)
+
+
+@pytest.mark.parametrize("implementation", KERNEL_IMPLS)
+@pytest.mark.parametrize("block_m", [1, 4])
+def test_fma_tiles_propagate_nonfinite_x_as_the_reference(rng, block_m, implementation):
+  """inf and NaN in ``x`` reach the outputs the float32 reference gives them (inf * 0 = NaN).
+
+  The multiply-add tiles form ``x * t`` (t = 0 included), as a dense matmul does.
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  out_features, in_features, C = 19, 16 * 5, int(rng.integers(1, 12))
+  _, packed, scale, _ = random_state(rng, out_features, in_features, C)
+  x = rng.normal(size=(block_m, in_features)).astype(np.float32)
+  x[0, 3] = np.inf  # +-inf where t is +-1, NaN where it is 0
+  if block_m > 1:
+    x[-1, 40] = np.nan
+  expected = np.asarray(reference.ternary_matmul_reference(jnp.asarray(x), packed, scale, C=C,
+                                                           out_dtype=jnp.float32))
+  assert np.isnan(expected).any() and np.isinf(expected).any()
+  config = config_lib.MatmulConfig(block_m=block_m, block_n=8, block_groups=8, method="fma")
+  got = np.asarray(matmul_kernels.ternary_matmul(jnp.asarray(x), packed, scale, C=C,
+                                                 out_dtype=jnp.float32, config=config,
+                                                 interpret=implementation == "interpret"))
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+  np.testing.assert_array_equal(np.where(np.isinf(got), got, 0),
+                                np.where(np.isinf(expected), expected, 0))
+  finite = np.isfinite(expected)
+  np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=1e-5)
 
 
 def test_uniform_draw_of_masked_word_is_the_shifted_one():

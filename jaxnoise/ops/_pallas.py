@@ -8,7 +8,8 @@
   message (and no other) is installed when this module is imported.
 * :func:`compiler_params` builds Triton compiler parameters for both jax
   0.10 and 0.11.
-* :func:`fma` is a float32 fused multiply-add (inline PTX when compiled).
+* :func:`fma` is a float32 fused multiply-add (inline PTX when compiled);
+  :func:`saturated_add` a float32 add with a constant, clamped to ``[0, 1]``.
 * :func:`max_shared_memory_per_block` reads the device's real opt-in
   shared-memory limit from the CUDA driver (``cuDeviceGetAttribute`` with
   attribute 97 through ctypes), never from a table of GPU names;
@@ -25,6 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -38,6 +40,7 @@ __all__ = [
     "max_shared_memory_per_block",
     "pallas_call",
     "quiet_triton_deprecation",
+    "saturated_add",
     "store",
 ]
 
@@ -109,6 +112,34 @@ def fma(a: jax.Array, b: jax.Array, c: jax.Array, *, compiled: bool) -> jax.Arra
   a, b, c = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.float32) for v in (a, b, c)))
   [out] = plgpu.elementwise_inline_asm(
       "fma.rn.f32 $0, $1, $2, $3;", args=[a, b, c], constraints="=f,f,f,f", pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)])
+  return out
+
+
+def _float32_hex(value: float) -> str:
+  """A float32 constant as a PTX immediate (``0f`` and its eight hex digits)."""
+  bits = int(np.float32(value).view(np.uint32))
+  if float(np.float32(value)) != value:
+    raise ValueError(f"{value!r} is not a float32 value")
+  return f"0f{bits:08X}"
+
+
+def saturated_add(a: jax.Array, offset: float, negate: bool, *, compiled: bool) -> jax.Array:
+  """float32 ``clip(a + offset, 0, 1)``, or ``clip(offset - a, 0, 1)`` with ``negate``.
+
+  ``offset`` is a float32 constant. Compiled, one ``add.rn.sat.f32`` (or
+  ``sub``) with the offset as an immediate, where a ``min`` and a ``max``
+  would take two more instructions; interpreted, the add and a clip (the same
+  bits).
+  """
+  if not compiled:
+    total = jnp.float32(offset) - a if negate else a + jnp.float32(offset)
+    return jnp.clip(total, jnp.float32(0.0), jnp.float32(1.0))
+  a = jnp.asarray(a, jnp.float32)
+  asm = (f"sub.rn.sat.f32 $0, {_float32_hex(offset)}, $1;" if negate else
+         f"add.rn.sat.f32 $0, $1, {_float32_hex(offset)};")
+  [out] = plgpu.elementwise_inline_asm(
+      asm, args=[a], constraints="=f,f", pack=1,
       result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)])
   return out
 

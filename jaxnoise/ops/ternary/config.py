@@ -472,10 +472,12 @@ class MatmulConfig:
 
     * ``M = 1``: CUDA-core ``"fma"`` tiles of 16 output units, 512 inputs per
       step, ``in`` split 8 ways (:meth:`_fma_config`).
-    * ``M = 2, 3``: fma tiles of all rows, 8 output units, 2048 inputs per
-      step (:meth:`_fma_rows_config`).
-    * ``4 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
-      codes read as words, one 512-input step per program.
+    * ``M = 2-4`` (16-bit ``x``; 2-3 for float32): fma tiles of all rows, 8
+      output units, 2048 inputs per step (:meth:`_fma_rows_config`).
+    * ``5 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
+      codes read as words, one 512-input step per program. Session 18
+      (device time, 4096^2 / 8192^2): 15.5 / 43.0 us at M=8, 17.0 / 47.3 at
+      M=16; the best fma tiles of all rows 22.5 / 63.4 and 40.4 / 118.9.
     * ``16 < M < 64`` (16-bit ``x``): GEMM tiles, split along ``in`` (not
       measured).
     * ``M >= 64``, and float32 ``x`` from ``M = 4``: ``"decode"`` (Pallas
@@ -511,7 +513,7 @@ class MatmulConfig:
     if m_rows == 1:
       # The float32 products are the same for any x dtype (x is cast in registers).
       return cls._fma_config(m_rows, out_features, in_features)
-    if m_rows <= 3:
+    if m_rows <= (3 if itemsize >= 4 else 4):
       return cls._fma_rows_config(m_rows, out_features, in_features)
     if m_rows >= 64 or itemsize >= 4:
       # decode + XLA GEMM: M=64 4096^2 48.8 vs 53.6 us (dot tiles, split 4); 2.0-3.6x
@@ -563,7 +565,12 @@ class MatmulConfig:
     * M = 3 (tiles of 4 rows): 13.6 / 43.3 us against 16.8 / 43.7 and
       11.3 / 35.6 us;
     * M = 4: 15.9-16.0 / 49.4-49.5 us against 17.3 / 43.7-44.0 us, so the dot
-      tiles stay from 4 rows on for 16-bit ``x``.
+      tiles stayed from 4 rows on for 16-bit ``x``.
+
+    Session 18 (run 1), with ``t`` from two clamped adds per code and one
+    ``fma`` per product: M = 2 9.7 / 28.3 us, M = 3 10.8 / 33.8, M = 4 12.6 /
+    36.3 (the dot tiles 14.9 / 40.9; dense bf16 11.0-11.5 / 36.2-36.3), so 16-bit
+    ``x`` takes these tiles up to 4 rows.
 
     float32 ``x`` (run 4): the dot tiles (exact float32 products, no tensor
     cores) took 161-163 / 635-636 us at every M from 2 to 16; these tiles take

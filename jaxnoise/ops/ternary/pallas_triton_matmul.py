@@ -11,9 +11,14 @@ Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
   partial tiles: for decode-sized ``M`` (GEMV) the grid then has enough
   programs to stream the weights with every SM (``out / block_n`` alone is
   far fewer than the GPU's SMs at ``out = 4096``).
-* ``"fma"``: the same tiles without tensor cores, for one to three rows
-  (decode steps): ``+-x`` selected per code for one row; for several, ``t``
-  once per weight and a multiply-add per row, so the rows share the decode.
+* ``"fma"``: the same tiles without tensor cores, for one to four rows
+  (decode steps): ``t`` once per weight and one multiply-add per row, so the
+  rows share the decode.
+
+Both tiled methods form ``t`` from the packed fields with two clamped float
+adds per code (:func:`ref_lib.field_ternary`: ``add.rn.sat.f32`` compiled), one
+integer instruction per code sitting in one word where compares and selects
+took five; dot tiles convert it to the compute dtype (exact).
 * ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large
   ``M``), in the compute dtype (int4 nibbles, which XLA's GEMM would convert
   in its prologue, came out wrong from that GEMM on an H200 with jax 0.11.2:
@@ -37,6 +42,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxnoise.ops import _pallas
 from jaxnoise.ops.ternary import pallas_triton as elementwise
 from jaxnoise.ops.ternary import reference as ref_lib
 from jaxnoise.ops.ternary.config import MatmulConfig, check_config
@@ -56,6 +62,8 @@ from jaxnoise.ops.ternary.pallas_triton import (
     split_lanes,
     unit_buckets,
     unit_layout,
+    unit_ternary,
+    ramp_bases,
 )
 
 __all__ = ["bf16_pieces", "ternary_matmul", "ternary_matmul_input_grad"]
@@ -136,9 +144,10 @@ def _xla_dot_with_t(operand, t, dims, *, split, precision):
   return jnp.sum(out.reshape((3, rows) + out.shape[1:]), axis=0)
 
 
-def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
+def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
                    n_units, block_m, block_n, block_units, steps_per_split, method,
-                   compute_dtype, precision, partial_sums, x_vector=1, split_float32=False):
+                   compute_dtype, precision, partial_sums, x_vector=1, split_float32=False,
+                   compiled=True):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
 
   ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
@@ -148,26 +157,29 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
   and split into lanes in registers (``x_vector=1``: one strided load per
   lane; :func:`_x_operand`).
   Each step loads ``block_units`` packed units per output row (three strided
-  word or byte lanes), finds each code lane's ternary buckets (on the words
-  in place where a code sits in one word, :func:`ref_lib.word_buckets`) and
-  meets the matching ``(block_m, block_units)`` lane of ``x``: every tensor
-  keeps the ``(rows, units)`` shape of the loads, so no code or ``x`` tile is
-  reordered in registers.
+  word or byte lanes), finds each code lane's ternary value in float32 (on
+  the words in place where a code ends at or below bit 29,
+  :func:`ref_lib.word_ternary`; ``bases_ref`` holds :data:`ref_lib.RAMP_BASES`
+  so that they sit in registers) and meets the matching
+  ``(block_m, block_units)`` lane of ``x``: every tensor keeps the
+  ``(rows, units)`` shape of the loads, so no code or ``x`` tile is reordered
+  in registers.
 
-  * ``method="dot"``: ``t`` of each lane selected in the compute dtype
+  * ``method="dot"``: ``t`` of each lane converted to the compute dtype
     (exact), one ``dot_general`` per lane and step (tensor cores; float32
     accumulation); with ``split_float32``, ``x`` is float32 and meets ``t`` in
     bfloat16 as three pieces (:func:`bf16_pieces`), one dot each;
   * ``method="fma"`` (no tensor cores: for a few rows, where a dot pads to
-    16): with one row, ``+-x`` or 0 selected per code and summed in float32;
-    with several, ``t`` in float32 once per weight and one multiply-add per
-    row (each row's lanes loaded as ``(1, block_units)``, its own
-    ``(block_n, block_units)`` accumulator), so the decode is shared.
+    16): one ``fma.rn.f32`` of ``x`` and ``t`` per row and weight (exact
+    products, so ``inf * 0`` is NaN as in the reference; each row's lanes
+    loaded as ``(1, block_units)``, its own ``(block_n, block_units)``
+    accumulator), so the rows share the decode.
   """
   m0 = pl.program_id(0) * block_m
   n0 = pl.program_id(1) * block_n
   split = pl.program_id(2)
   n_lanes = layout.codes
+  bases = [bases_ref[k] for k in range(len(ref_lib.RAMP_BASES))]
   # Masks only along dimensions the tiles do not divide (None: every element is in range).
   m_mask = None if m_rows % block_m == 0 else (m0 + _iota(block_m)) < m_rows
   n_mask = None if n_out % block_n == 0 else (n0 + _iota(block_n)) < n_out
@@ -216,14 +228,13 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
 
   if method == "fma" and block_m > 1:
     def accumulate_rows(accs, fetched):
-      # Exact products (t is -1, 0 or +1: +-x or 0, as the one-row selects); only the
+      # Exact products (t is -1, 0 or +1), one rounding per multiply-add; only the
       # float32 sums may associate differently from one-row tiles.
       raw, rows = fetched
       accs = list(accs)
-      for j, (ge_lv, ge_2lv) in enumerate(unit_buckets(raw, layout, C)):
-        t = jnp.where(ge_2lv, _F32(1.0), jnp.where(ge_lv, _F32(0.0), _F32(-1.0)))
+      for j, t in enumerate(unit_ternary(raw, layout, C, bases, compiled=compiled)):
         for r, lanes in enumerate(rows):
-          accs[r] = accs[r] + lanes[j].astype(_F32) * t
+          accs[r] = _pallas.fma(lanes[j].astype(_F32), t, accs[r], compiled=compiled)
       return tuple(accs)
 
     accs = (jnp.zeros((block_n, block_units), _F32),) * block_m
@@ -235,12 +246,10 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
     return
 
   if method == "dot":
-    minus, zero, plus = (jnp.asarray(v, compute_dtype) for v in (-1, 0, 1))
-
     def accumulate(acc, fetched):
       raw, xs = fetched
-      for (ge_lv, ge_2lv), x in zip(unit_buckets(raw, layout, C), xs):
-        t = jnp.where(ge_2lv, plus, jnp.where(ge_lv, zero, minus))
+      for t, x in zip(unit_ternary(raw, layout, C, bases, compiled=compiled), xs):
+        t = t.astype(compute_dtype)  # -1, 0 or +1: exact
         acc = acc + _dot_with_t(x, t, _DIMS_NT, split=split_float32, precision=precision)
       return acc
 
@@ -248,9 +257,8 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, y_ref, *, C, layout: UnitLayout
   else:
     def accumulate(acc, fetched):  # one row
       raw, (xs,) = fetched
-      for (ge_lv, ge_2lv), x in zip(unit_buckets(raw, layout, C), xs):
-        x = x.astype(_F32)[:, None, :]
-        acc = acc + jnp.where(ge_2lv[None], x, jnp.where(ge_lv[None], _F32(0.0), -x))
+      for t, x in zip(unit_ternary(raw, layout, C, bases, compiled=compiled), xs):
+        acc = _pallas.fma(x.astype(_F32)[:, None, :], t[None], acc, compiled=compiled)
       return acc
 
     acc = jnp.zeros((block_m, block_n, block_units), _F32)
@@ -405,7 +413,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       block_m=config.block_m, block_n=config.block_n, block_units=block_units,
       steps_per_split=steps_per_split, method=config.method, compute_dtype=compute_dtype,
       precision=precision, partial_sums=partial_sums, x_vector=x_vector,
-      split_float32=split and config.method == "dot")
+      split_float32=split and config.method == "dot", compiled=not interpret)
   if partial_sums:
     out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)
   else:
@@ -414,7 +422,8 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       kernel, name="ternary_matmul",
       grid=(_cdiv(m_rows, config.block_m), _cdiv(out_features, config.block_n), splits),
       out_shape=out_shape, config=config, interpret=interpret,
-  )(_x_operand(x, layout, config.method, x_dtype), packed_units(packed, layout), scale)
+  )(_x_operand(x, layout, config.method, x_dtype), packed_units(packed, layout), scale,
+    ramp_bases())
   if partial_sums:
     y = (jnp.sum(y, axis=0) * scale.astype(_F32)[None, :]).astype(out_dtype)
   return y

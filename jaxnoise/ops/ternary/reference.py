@@ -60,10 +60,12 @@ Inputs are assumed validated by :mod:`jaxnoise.ops.ternary.api`.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnoise import noise as noise_lib
 
@@ -155,6 +157,124 @@ def word_buckets(w0, w1, w2, C: int):
     field = words[word] & jnp.uint32(0x3F << bit)
     buckets.append((field >= jnp.uint32(lv << bit), field >= jnp.uint32((2 * lv) << bit)))
   return buckets
+
+
+# The ternary value of a packed field in float adds (the packed matmul's
+# multiply-add tiles), with no integer compare or select. A positive float32's bits
+# order it as an unsigned integer orders them, so a 6-bit field at bits b..b+5 <= 29
+# of a uint32, or-ed with base bits that miss the field (:func:`ramp_base`), is a
+# float32 F(c) that increases with the code c. The base makes consecutive values at
+# least 1 apart, so c >= k iff F(c) - F(k - 1) >= 1, and the difference is <= 0
+# otherwise, exactly or not (rounding keeps a real >= 1 at >= 1 and one <= 0 at
+# <= 0): clamped to [0, 1], one add gives the bucket bit. Compiled that add is one
+# saturated ``add.f32`` with an immediate; interpreted, an add and a clip.
+_RAMP_TOP_BIT = 24  # highest bit at which a 6-bit field ends at or below bit 29
+
+
+RAMP_BASES = (0x4B000000, 0x60000000, 0x40000000)
+
+
+def ramp_base_index(bit: int) -> int:
+  """Which of :data:`RAMP_BASES` is or-ed with the field at ``bit`` (<= 24).
+
+  The base is exponent bits that miss the field: ``0x4B000000`` (2**23: a field
+  at bits <= 18 weighs at least 1 per code), ``0x60000000`` for fields at 19-22
+  (values from 2**65 up), ``0x40000000`` above (the field is all exponent:
+  ``2**(1 + 2c)`` at bit 24).
+  """
+  assert 0 <= bit <= _RAMP_TOP_BIT, bit
+  if bit <= 18:
+    return 0
+  return 1 if bit <= 22 else 2
+
+
+def ramp_base(bit: int) -> int:
+  """The base bits of the field at ``bit`` (:func:`ramp_base_index`)."""
+  return RAMP_BASES[ramp_base_index(bit)]
+
+
+def _field_floats(bit: int) -> np.ndarray:
+  """float32 ``F(c)`` for c = 0..63 of a field at ``bit``."""
+  bits = (np.arange(64, dtype=np.uint64) << np.uint64(bit)) | np.uint64(ramp_base(bit))
+  return bits.astype(np.uint32).view(np.float32)
+
+
+@functools.cache
+def ramp_offset(bit: int, threshold: int, above: bool) -> float:
+  """float32 ``o``: ``clip(F(c) + o, 0, 1)`` is ``c >= threshold`` (``above``), and
+  ``clip(o - F(c), 0, 1)`` is ``c < threshold`` (else), for every code c of a field at ``bit``.
+
+  Checked for all 64 codes in float32 here.
+  """
+  assert 1 <= threshold <= 63, threshold
+  values = _field_floats(bit)
+  assert np.all(np.isfinite(values)) and np.all(np.diff(values.astype(np.float64)) >= 1), bit
+  codes = np.arange(64)
+  if above:
+    offset = -values[threshold - 1]
+    got, want = values + offset, codes >= threshold
+  else:
+    offset = values[threshold]
+    got, want = offset - values, codes < threshold
+  got = np.clip(got, np.float32(0), np.float32(1))
+  assert np.array_equal(got, want.astype(np.float32)), (bit, threshold, above)
+  return float(offset)
+
+
+def clip_add(value, offset: float, negate: bool):
+  """``clip(offset +- value, 0, 1)`` in float32 (the reference of a saturated add)."""
+  total = _F32(offset) - value if negate else value + _F32(offset)
+  return jnp.clip(total, _F32(0.0), _F32(1.0))
+
+
+def field_ternary(field, bit: int, C: int, saturated_add=clip_add, bases=RAMP_BASES):
+  """float32 ternary value of the code at ``bit`` (<= 24) of a uint32, by two clamped adds.
+
+  ``field`` may hold other bits: it is masked here. ``t = [c >= lv] - [c < 2 lv]``
+  (codes past the valid range saturate to +1, as :func:`ternary_of`);
+  ``saturated_add(value, offset, negate)`` is :func:`clip_add` or a kernel's
+  one ``add.rn.sat.f32``. ``bases`` is :data:`RAMP_BASES`, which a kernel
+  passes as data: the compiler then keeps them in registers and masks and
+  biases a field in one logic instruction (with two constants it emits two).
+  """
+  lv = levels(C)
+  masked = field & jnp.uint32(0x3F << bit) if bit + 6 < 32 else field
+  base = jnp.asarray(bases[ramp_base_index(bit)], jnp.uint32)
+  ramp = jax.lax.bitcast_convert_type(masked | base, _F32)
+  at_least_lv = saturated_add(ramp, ramp_offset(bit, lv, True), False)
+  below_2lv = saturated_add(ramp, ramp_offset(bit, 2 * lv, False), True)
+  return at_least_lv - below_2lv
+
+
+def word_ternary(w0, w1, w2, C: int, saturated_add=clip_add, bases=RAMP_BASES):
+  """float32 ternary values of the 16 codes of three uint32 words (:func:`field_ternary`).
+
+  Codes ending at or below bit 29 of a word are read in place; the two that
+  straddle words and the one at bits 26-31 are unpacked first. Equal to
+  ``ternary_of(unpack_words(...))`` exactly.
+  """
+  words = (w0, w1, w2)
+  codes = None
+  values = []
+  for j in range(CODES_PER_WORD_GROUP):
+    word, bit = divmod(6 * j, 32)
+    if bit > _RAMP_TOP_BIT:
+      if codes is None:
+        codes = unpack_words(w0, w1, w2)
+      values.append(field_ternary(codes[j].astype(jnp.uint32), 0, C, saturated_add, bases))
+    else:
+      values.append(field_ternary(words[word], bit, C, saturated_add, bases))
+  return values
+
+
+def group_ternary(b0, b1, b2, C: int, saturated_add=clip_add, bases=RAMP_BASES):
+  """float32 ternary values of the 4 codes of three bytes (uint32 arrays below 256).
+
+  The bytes are joined into one 24-bit stream (codes at bits 0, 6, 12 and 18),
+  each code read in place (:func:`field_ternary`).
+  """
+  stream = b0 + (b1 << 8) + (b2 << 16)
+  return [field_ternary(stream, bit, C, saturated_add, bases) for bit in (0, 6, 12, 18)]
 
 
 # A code's centre ``c + 0.5 - 1.5 lv`` (:func:`code_center`) read straight from
