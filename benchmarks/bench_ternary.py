@@ -28,6 +28,10 @@ case, and prints each row as it completes):
   float32 dots, no bfloat16 pieces). ``--op input_grad`` times
   ``ternary_matmul_input_grad`` (``grad_y @ W``: the dense baseline is
   ``g @ w``) over its heuristic, split and decode neighbours.
+* ``decode``: :func:`ternary_decode` (the decode method's temporary) at 4096^2
+  and 8192^2 to bfloat16 and float32, bytes moved against a copy of the same
+  bytes; ``--before-elementwise PATH`` also times a frozen copy of the
+  elementwise kernel module. Every output is compared with the reference.
 * ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024 and 256)
   on 4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
   then larger tiles, ``block_m`` and ``num_stages``. Each chained step reads
@@ -1039,8 +1043,41 @@ def _describe_tune(row) -> str:
 # Driver.
 
 
+def part_decode(args, budget, out) -> None:
+  shapes = [(48, 16 * 5)] if args.quick else [(4096, 4096), (8192, 8192)]
+  modules = [("now", elementwise)]
+  if args.before_elementwise:
+    modules.append(("before", _harness.frozen_module(args.before_elementwise)))
+  rows = out["cases"] = {}
+  for shape in shapes:
+    packed, scale = make_state(jax.random.key(3), *shape)[:2]
+    for dtype in (jnp.bfloat16, jnp.float32):
+      expected = reference.ternary_decode_reference(packed, scale, C, dtype)
+      moved = packed.size + 4 * scale.size + shape[0] * shape[1] * jnp.dtype(dtype).itemsize
+      copy_bytes = jnp.zeros((moved // 4,), jnp.uint32)
+      for label, module in [("copy", None)] + modules:
+        name = f"{shape[0]}x{shape[1]} {jnp.dtype(dtype).name} {label}"
+        if not budget.allows(name):
+          continue
+        if module is None:
+          fn, operands = jax.jit(lambda v: v + jnp.uint32(1)), (copy_bytes,)
+          row = {}
+        else:
+          fn = jax.jit(functools.partial(module.ternary_decode, C=C, dtype=dtype,
+                                         interpret=args.quick))
+          operands = (packed, scale)
+          row = {"mismatches": int(jnp.sum(fn(*operands) != expected))}
+        busy = _harness.device_busy(fn, *operands, calls=5)
+        if busy is not None:
+          row["device_s"] = busy["busy_ms"] / 1e3
+          row["tb_per_s"] = 2 * moved / row["device_s"] / 1e12 if module is None else (
+              moved / row["device_s"] / 1e12)
+        rows[name] = row
+        budget.report(f"{name:<40} {row}")
+
+
 PARTS = {"check": part_check, "update": part_update, "matmul": part_matmul,
-         "from_io": part_from_io, "tune": part_tune}
+         "decode": part_decode, "from_io": part_from_io, "tune": part_tune}
 
 
 def main(argv=None):
@@ -1073,6 +1110,9 @@ def main(argv=None):
   parser.add_argument("--before-update", default=None,
                       help="update part: also time the counter-update module at this path "
                            "(a frozen copy of the kernels) at its heuristic")
+  parser.add_argument("--before-elementwise", default=None,
+                      help="decode part: also time the elementwise kernel module at this path "
+                           "(a frozen copy)")
   parser.add_argument("--before", action="store_true",
                       help="update part: also time main's kernels (benchmarks/baseline_ternary)")
   args = parser.parse_args(argv)

@@ -147,16 +147,53 @@ def matmul_case(args):
   return fn, shapes, config, elements
 
 
-CASES = {"counter_update": counter_update_case, "low_rank": low_rank_case,
-         "matmul": matmul_case, "reduce_metric": reduce_metric_case}
+def matmul_input_grad_case(args):
+  from jaxnoise.ops.ternary import config as config_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_matmul  # pylint: disable=g-import-not-at-top
+  m_rows, out_features, in_features = args.dims
+  dtype = jnp.dtype(args.dtype)
+  config = config_lib.MatmulConfig.get_input_grad_heuristics_config(
+      (m_rows, in_features, out_features), dtype)
+
+  def fn(grad_y, packed, scale):
+    return pallas_triton_matmul.ternary_matmul_input_grad(grad_y, packed, scale, C=11,
+                                                          out_dtype=dtype, config=config)
+
+  spec = jax.ShapeDtypeStruct
+  shapes = (spec((m_rows, out_features), dtype),
+            spec((out_features, 3 * in_features // 4), jnp.uint8),
+            spec((out_features,), jnp.float32))
+  # One step: block_n output rows x 4 * block_groups inputs.
+  return fn, shapes, config, config.block_n * 4 * config.block_groups
+
+
+def decode_case(args):
+  from jaxnoise.ops.ternary import pallas_triton  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary import config as config_lib  # pylint: disable=g-import-not-at-top
+  out_features, in_features = args.dims
+  dtype = jnp.dtype(args.dtype)
+  config = config_lib.ElementwiseConfig.get_heuristics_config((out_features, in_features), dtype)
+
+  def fn(packed, scale):
+    return pallas_triton.ternary_decode(packed, scale, C=11, dtype=dtype, config=config)
+
+  spec = jax.ShapeDtypeStruct
+  shapes = (spec((out_features, 3 * in_features // 4), jnp.uint8),
+            spec((out_features,), jnp.float32))
+  return fn, shapes, config, config.block_rows * 4 * config.block_groups
+
+
+CASES = {"counter_update": counter_update_case, "decode": decode_case,
+         "low_rank": low_rank_case, "matmul": matmul_case,
+         "matmul_input_grad": matmul_input_grad_case, "reduce_metric": reduce_metric_case}
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("case", choices=sorted(CASES))
   parser.add_argument("dims", type=int, nargs="+",
-                      help="counter_update: out in; low_rank: pop out in; "
-                           "matmul: M out in; reduce_metric: pop params")
+                      help="counter_update, decode: out in; low_rank: pop out in; "
+                           "matmul, matmul_input_grad: M out in; reduce_metric: pop params")
   parser.add_argument("dtype")
   parser.add_argument("--rank", type=int, default=1)
   parser.add_argument("--kind", default="binomial")

@@ -142,3 +142,12 @@ def test_ternary_benchmark_quick(tmp_path):
   assert checks and "error" not in checks, checks
   updates = [row for name, row in checks.items() if name.startswith("counter_update")]
   assert updates and all(row["within_spec"] for row in updates), updates
+
+
+def test_ternary_decode_benchmark_quick(tmp_path):
+  """The decode part runs in interpret mode and finds no mismatch against the reference."""
+  _run(tmp_path, "bench_ternary.py", "--part", "decode", "--quick")
+  with open(tmp_path / "ternary_decode.json") as f:
+    rows = json.load(f)["result"]["cases"]
+  kernels = {name: row for name, row in rows.items() if not name.endswith("copy")}
+  assert kernels and all(row["mismatches"] == 0 for row in kernels.values()), rows

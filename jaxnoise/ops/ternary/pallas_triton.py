@@ -192,13 +192,6 @@ def packed_bytes(units, layout: UnitLayout):
   return units.reshape(units.shape[0], -1)
 
 
-def _unit_codes(raw, layout: UnitLayout):
-  """The ``L`` int32 code lanes of a unit tile's three loaded word or byte lanes."""
-  if layout.words:
-    return ref_lib.unpack_words(*raw)
-  return list(ref_lib.unpack_group(*(b.astype(_I32) for b in raw)))
-
-
 def load_unit_centers(packed_ref, row_start, block_rows, unit_start, block_units, mask,
                       layout: UnitLayout, C: int, bias_bits=ref_lib.FLOAT_BIAS_BITS):
   """The ``L`` code lanes of a unit tile as ``(centre * 2**shift, shift)``, read from the fields.
@@ -254,25 +247,13 @@ def truncate_codes(value, interpret: bool):
   return codes.astype(jnp.uint32)
 
 
-def unit_buckets(raw, layout: UnitLayout, C: int):
-  """Per code lane of a unit tile's three loaded lanes: ``(c >= lv, c >= 2 lv)``.
-
-  On words the codes are compared in place (:func:`ref_lib.word_buckets`);
-  the ternary value is ``+1`` where the second holds, ``0`` where only the
-  first does, else ``-1`` (as :func:`ref_lib.ternary_of`).
-  """
-  if layout.words:
-    return ref_lib.word_buckets(*raw, C)
-  lv = ref_lib.levels(C)
-  return [(code >= lv, code >= 2 * lv) for code in _unit_codes(raw, layout)]
-
-
 def unit_ternary(raw, layout: UnitLayout, C: int, bases, *, compiled: bool):
   """Per code lane of a unit tile's three loaded lanes: its float32 ternary value.
 
   Two clamped adds per code (:func:`ref_lib.field_ternary`), compiled as one
-  ``add.rn.sat.f32`` each: the same values as :func:`unit_buckets`' selects,
-  with one integer instruction per in-place code instead of five. ``bases``:
+  ``add.rn.sat.f32`` each: ``ternary_of`` of the unpacked codes exactly, with
+  one integer instruction per in-place code where unpacking, compares and
+  selects took five. ``bases``:
   :data:`ref_lib.RAMP_BASES` loaded from memory (:func:`ramp_bases`).
   """
   saturated = functools.partial(_pallas.saturated_add, compiled=compiled)
@@ -433,14 +414,18 @@ def _decode_rows(packed_ref, out_ref, values_of, *, r0, row_mask, n_units, block
   _loop(_cdiv(n_units, block_units), chunk, ())
 
 
-def _decode_kernel(packed_ref, scale_ref, weight_ref, *, C, layout: UnitLayout, n_rows, n_units,
-                   block_rows, block_units):
-  """Codes -> ``scale * t``; the lanes are joined in column order and stored contiguously."""
+def _decode_kernel(packed_ref, scale_ref, bases_ref, weight_ref, *, C, layout: UnitLayout,
+                   n_rows, n_units, block_rows, block_units, compiled):
+  """Codes -> ``scale * t``; the lanes are joined in column order and stored contiguously.
+
+  ``t`` from the packed fields (:func:`unit_ternary`), no integer-to-float conversion.
+  """
   r0 = pl.program_id(0) * block_rows
   row_mask = (r0 + _iota(block_rows)) < n_rows
   scale = _load_vector(scale_ref, r0, block_rows, row_mask, 0.0).astype(_F32)[:, None]
-  values_of = lambda raw: [(ref_lib.ternary_of(c, C).astype(_F32) * scale).astype(
-      weight_ref.dtype) for c in _unit_codes(raw, layout)]
+  bases = [bases_ref[k] for k in range(len(ref_lib.RAMP_BASES))]
+  values_of = lambda raw: [(t * scale).astype(weight_ref.dtype)
+                           for t in unit_ternary(raw, layout, C, bases, compiled=compiled)]
   _decode_rows(packed_ref, weight_ref, values_of, r0=r0, row_mask=row_mask, n_units=n_units,
                block_rows=block_rows, block_units=block_units, columns_per_unit=layout.codes)
 
@@ -528,12 +513,12 @@ def ternary_decode(packed, scale, *, C: int, dtype=jnp.float32,
   kernel = functools.partial(
       _decode_kernel, C=C, layout=layout, n_rows=out_features,
       n_units=in_features // layout.codes, block_rows=config.block_rows,
-      block_units=max(1, config.block_groups * 4 // layout.codes))
+      block_units=max(1, config.block_groups * 4 // layout.codes), compiled=not interpret)
   return _call(
       kernel, name="ternary_decode", grid=(_cdiv(out_features, config.block_rows),),
       out_shape=jax.ShapeDtypeStruct((out_features, in_features), dtype),
       config=config, interpret=interpret,
-  )(packed_units(packed, layout), scale)
+  )(packed_units(packed, layout), scale, ramp_bases())
 
 
 def ternary_init(weight, *, C: int, config: ElementwiseConfig | None = None,
@@ -557,12 +542,11 @@ __all__ = [
     "pack_codes",
     "packed_bytes",
     "packed_units",
+    "ramp_bases",
     "split_lanes",
     "ternary_decode",
     "ternary_init",
-    "unit_buckets",
-    "unit_ternary",
-    "ramp_bases",
     "unit_layout",
+    "unit_ternary",
     "unpack_codes",
 ]

@@ -134,31 +134,6 @@ def unpack_words(w0, w1, w2):
   return codes
 
 
-def word_buckets(w0, w1, w2, C: int):
-  """``(c >= lv, c >= 2 * lv)`` of the 16 codes of three uint32 words, without unpacking.
-
-  A code that sits inside one word is compared in place: ``c >= k`` iff
-  ``(w & (63 << bit)) >= (k << bit)`` (unsigned), one mask and two compares;
-  the two codes that straddle words are unpacked first. Equal to comparing
-  :func:`unpack_words`'s codes (the ternary value is ``ge_lv + ge_2lv - 1``,
-  saturating past the valid range like :func:`ternary_of`).
-  """
-  lv = levels(C)
-  words = (w0, w1, w2)
-  codes = None
-  buckets = []
-  for j in range(CODES_PER_WORD_GROUP):
-    word, bit = divmod(6 * j, 32)
-    if bit > 26:
-      if codes is None:
-        codes = unpack_words(w0, w1, w2)
-      buckets.append((codes[j] >= lv, codes[j] >= 2 * lv))
-      continue
-    field = words[word] & jnp.uint32(0x3F << bit)
-    buckets.append((field >= jnp.uint32(lv << bit), field >= jnp.uint32((2 * lv) << bit)))
-  return buckets
-
-
 # The ternary value of a packed field in float adds (the packed matmul's
 # multiply-add tiles), with no integer compare or select. A positive float32's bits
 # order it as an unsigned integer orders them, so a 6-bit field at bits b..b+5 <= 29
