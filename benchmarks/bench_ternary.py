@@ -665,7 +665,9 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
                                M._dot_tiles(shape, dtype)]))  # pylint: disable=protected-access
   if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
     strided = dataclasses.replace(base, x_vector_loads=False)
-    out = [base, strided] + fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
+    out = [base, strided, dataclasses.replace(base, num_stages=2),
+           dataclasses.replace(base, num_stages=2, split_k=2 * base.split_k)]
+    out += fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
     out += dot[:2]
   elif m_rows <= 4:
     # Sessions 6-9's heuristic for 2-16 rows (16-row dot tiles, one 512-input step per
@@ -673,7 +675,15 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
     steps = max(1, -(-max(1, shape[2] // 4) // 128))
     dot16 = M(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
               split_k=steps)
-    out = [base, dot16] + dot[:4] + fma[:4] + dot[4:] + fma[4:8]
+    # Session 18: fma tiles of all rows were latency-bound (Nsight Compute: long-scoreboard
+    # stalls, 40% occupancy with 8 blocks per SM for the pipeline's shared memory), so
+    # shallower pipelines and more programs too.
+    latency = [dataclasses.replace(base, num_stages=2), dataclasses.replace(base, split_k=2),
+               dataclasses.replace(base, num_stages=2, split_k=2),
+               dataclasses.replace(base, num_stages=2, split_k=2, num_warps=8),
+               dataclasses.replace(base, block_groups=256, num_stages=2, split_k=4)]
+    out = ([base] + (latency if base.method == "fma" else []) + [dot16] + dot[:4] + fma[:4]
+           + dot[4:] + fma[4:8])
   elif m_rows <= 16:
     # fma tiles of all rows (each weight's t shared by the rows, one multiply-add per row),
     # small enough that the rows' accumulators stay in registers.
