@@ -887,6 +887,15 @@ def test_bitwise_conversions_are_exact():
                                   np.asarray(reference.ternary_of(codes, C), np.float32))
 
 
+def _every_code_in_every_field():
+  """``(lanes, words, groups)``: 16 int32 code lanes holding every code 0..63 (past the
+  range too) in every lane, packed as words and (the first four) as byte groups."""
+  codes = np.stack([np.roll(np.arange(64), k)[:16 * 4] for k in range(64)]).astype(np.int32)
+  lanes = [jnp.asarray(codes[:, j::16].reshape(-1)) for j in range(16)]
+  groups = [x.astype(jnp.uint32) for x in reference.pack_group(*lanes[:4])]
+  return lanes, reference.pack_words(lanes), groups
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_centres_read_from_packed_fields_are_exact(jit):
   """word_centers / group_centers and ternary_of_center equal code_center and ternary_of.
@@ -894,12 +903,9 @@ def test_centres_read_from_packed_fields_are_exact(jit):
   Every code 0..63 (past the range too) in every field position, every C; under
   jit as well (XLA's simplifier must not cancel the rounding bias).
   """
-  codes = np.stack([np.roll(np.arange(64), k)[:16 * 4] for k in range(64)]).astype(np.int32)
-  lanes = [jnp.asarray(codes[:, j::16].reshape(-1)) for j in range(16)]
+  lanes, words, groups = _every_code_in_every_field()
   maybe_jit = jax.jit if jit else (lambda f: f)
   for C in range(1, 12):
-    words = reference.pack_words(lanes)
-    groups = [x.astype(jnp.uint32) for x in reference.pack_group(*lanes[:4])]
     word_lanes = maybe_jit(lambda w: [(c, reference.ternary_of_center(c, s, C))
                                       for c, s in reference.word_centers(*w, C)])(words)
     group_lanes = maybe_jit(lambda b: [(c, reference.ternary_of_center(c, s, C))
@@ -918,15 +924,13 @@ def test_centres_read_from_packed_fields_are_exact(jit):
 def test_ternary_from_clamped_ramps_is_exact(rng, jit):
   """word_ternary / group_ternary (two clamped adds per code) equal ternary_of, bit for bit.
 
-  Every code 0..63 (past the range too) in every field position, the other
-  bits of each word random (the mask must drop them), every C; under jit too.
+  Every code 0..63 (past the range too) in every field position, every C, under
+  jit too; then random words (each field's neighbours hold arbitrary bits, which the
+  mask must drop).
   """
-  codes = np.stack([np.roll(np.arange(64), k)[:16 * 4] for k in range(64)]).astype(np.int32)
-  lanes = [jnp.asarray(codes[:, j::16].reshape(-1)) for j in range(16)]
+  lanes, words, groups = _every_code_in_every_field()
   maybe_jit = jax.jit if jit else (lambda f: f)
   for C in range(1, 12):
-    words = reference.pack_words(lanes)
-    groups = [x.astype(jnp.uint32) for x in reference.pack_group(*lanes[:4])]
     got = maybe_jit(lambda w, b: (reference.word_ternary(*w, C),
                                   reference.group_ternary(*b, C)))(words, groups)
     for j, value in enumerate(got[0] + got[1]):

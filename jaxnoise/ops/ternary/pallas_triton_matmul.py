@@ -225,10 +225,11 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
       rows.append(tuple(lanes))
     return tuple(rows)
 
-  if method == "fma" and block_m > 1:
+  if method == "fma":
     def accumulate_rows(accs, fetched):
-      # Exact products (t is -1, 0 or +1), one rounding per multiply-add; only the
-      # float32 sums may associate differently from one-row tiles.
+      # Exact products (t is -1, 0 or +1), one rounding per multiply-add. Each row's
+      # accumulator has the codes' (block_n, block_units) shape, so t meets x without a
+      # layout conversion.
       raw, rows = fetched
       accs = list(accs)
       for j, t in enumerate(unit_ternary(raw, layout, C, bases, compiled=compiled)):
@@ -244,27 +245,15 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
                   split=split, m_mask=row_mask, n_mask=n_mask, partial_sums=partial_sums)
     return
 
-  if method == "dot":
-    def accumulate(acc, fetched):
-      raw, xs = fetched
-      for t, x in zip(unit_ternary(raw, layout, C, bases, compiled=compiled), xs):
-        t = t.astype(compute_dtype)  # -1, 0 or +1: exact
-        acc = acc + _dot_with_t(x, t, _DIMS_NT, split=split_float32, precision=precision)
-      return acc
+  def accumulate(acc, fetched):
+    raw, xs = fetched
+    for t, x in zip(unit_ternary(raw, layout, C, bases, compiled=compiled), xs):
+      t = t.astype(compute_dtype)  # -1, 0 or +1: exact
+      acc = acc + _dot_with_t(x, t, _DIMS_NT, split=split_float32, precision=precision)
+    return acc
 
-    acc = jnp.zeros((block_m, block_n), _F32)
-  else:
-    def accumulate(acc, fetched):  # one row
-      raw, (xs,) = fetched
-      for t, x in zip(unit_ternary(raw, layout, C, bases, compiled=compiled), xs):
-        acc = _pallas.fma(x.astype(_F32)[:, None, :], t[None], acc, compiled=compiled)
-      return acc
-
-    acc = jnp.zeros((block_m, block_n, block_units), _F32)
-
-  acc = _loop(steps_per_split, lambda i, acc: accumulate(acc, fetch(i)), acc)
-  if method != "dot":
-    acc = jnp.sum(acc, axis=2)
+  acc = _loop(steps_per_split, lambda i, acc: accumulate(acc, fetch(i)),
+              jnp.zeros((block_m, block_n), _F32))
 
   _store_tile(y_ref, scale_ref, acc, m0=m0, n0=n0, split=split, m_mask=m_mask, n_mask=n_mask,
               partial_sums=partial_sums)
