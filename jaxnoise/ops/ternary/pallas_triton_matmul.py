@@ -3,7 +3,7 @@
 Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
 
 * ``"dot"``: ``(block_m, block_n)`` output tiles; the packed codes of a tile's
-  rows are read (0.75 byte per weight from memory) and bucketed per code lane
+  rows are read (0.75 byte per weight from memory) and decoded per code lane
   in registers, and each lane meets the matching lane of ``x`` (``x`` is
   brought to the codes' order, not the codes to ``x``'s) in one
   ``dot_general`` per lane and step. ``split_k > 1``
@@ -14,15 +14,15 @@ Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
 * ``"fma"``: the same tiles without tensor cores, for one to four rows
   (decode steps): ``t`` once per weight and one multiply-add per row, so the
   rows share the decode.
+* ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large
+  ``M``), in the compute dtype (int4 nibbles, which XLA's GEMM would convert
+  in its prologue, came out wrong from that GEMM on an H200 with jax 0.11.2:
+  ``benchmarks/check_int4_gemm.py``).
 
 Both tiled methods form ``t`` from the packed fields with two clamped float
 adds per code (:func:`ref_lib.field_ternary`: ``add.rn.sat.f32`` compiled), one
 integer instruction per code sitting in one word where compares and selects
 took five; dot tiles convert it to the compute dtype (exact).
-* ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large
-  ``M``), in the compute dtype (int4 nibbles, which XLA's GEMM would convert
-  in its prologue, came out wrong from that GEMM on an H200 with jax 0.11.2:
-  ``benchmarks/check_int4_gemm.py``).
 
 Input gradient (:func:`ternary_matmul_input_grad`): dot tiles, ``out`` split
 into ``split_k`` slabs for few rows, or ``"decode"``.
@@ -143,8 +143,8 @@ def _xla_dot_with_t(operand, t, dims, *, split, precision):
   return jnp.sum(out.reshape((3, rows) + out.shape[1:]), axis=0)
 
 
-def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout: UnitLayout, m_rows, n_out,
-                   n_units, block_m, block_n, block_units, steps_per_split, method,
+def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout: UnitLayout,
+                   m_rows, n_out, n_units, block_m, block_n, block_units, steps_per_split, method,
                    compute_dtype, precision, partial_sums, x_vector=1, split_float32=False,
                    compiled=True):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
