@@ -990,6 +990,35 @@ def test_fma_tiles_propagate_nonfinite_x_as_the_reference(rng, block_m, implemen
   np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("m_rows", [1, 3, 8])
+def test_compiled_matmul_lowers_to_saturated_adds(m_rows):
+  """The compiled kernels (lowered for CUDA here, without a GPU) form t with one saturated
+  add per clamp and, in the multiply-add tiles, one fma per product; the bases and offsets
+  are float32 immediates (the interpreter never sees this PTX)."""
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops import _pallas
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels  # pylint: disable=g-import-not-at-top
+  out_features, in_features = 256, 256
+  config = config_lib.MatmulConfig.get_heuristics_config((m_rows, out_features, in_features),
+                                                         jnp.bfloat16)
+  spec = jax.ShapeDtypeStruct
+  lowered = jax.jit(lambda x, packed, scale: matmul_kernels.ternary_matmul(
+      x, packed, scale, C=5, out_dtype=jnp.bfloat16, config=config)).trace(
+          spec((m_rows, in_features), jnp.bfloat16),
+          spec((out_features, 3 * in_features // 4), jnp.uint8),
+          spec((out_features,), jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
+  # The kernel sits in the module as MLIR bytecode, whose strings are stored once: one
+  # clamp of each kind per field position (12 in place, and bit 0, where the three codes
+  # at bits 26-31 or straddling two words are unpacked to).
+  assert lowered.count("add.rn.sat.f32") == 13 and lowered.count("sub.rn.sat.f32") == 13
+  assert ("fma.rn.f32" in lowered) == (config.method == "fma"), config
+  offset = reference.ramp_offset(0, reference.levels(5), True)
+  assert _pallas._float32_hex(offset) in lowered  # pylint: disable=protected-access
+  assert _pallas._float32_hex(1.0) == "0f3F800000"  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="not a float32 value"):
+    _pallas._float32_hex(0.1)  # pylint: disable=protected-access
+
+
 def test_uniform_draw_of_masked_word_is_the_shifted_one():
   """uniform01_of_word ((w & ~0xFF) * 2**-32) is (w >> 8) * 2**-24, bit for bit."""
   from jaxnoise import noise  # pylint: disable=g-import-not-at-top
