@@ -267,6 +267,11 @@ def ramp_bases() -> jax.Array:
   return jnp.asarray(ref_lib.RAMP_BASES, _U32)
 
 
+def load_ramp_bases(bases_ref) -> list:
+  """The kernel input :func:`ramp_bases` as scalars, loaded once per program."""
+  return [bases_ref[k] for k in range(len(ref_lib.RAMP_BASES))]
+
+
 def store_unit_codes(packed_ref, row_start, block_rows, unit_start, block_units, codes, mask,
                      layout: UnitLayout):
   """Pack ``L`` int32 code lanes (values in ``[0, 64)``) and store them."""
@@ -423,7 +428,7 @@ def _decode_kernel(packed_ref, scale_ref, bases_ref, weight_ref, *, C, layout: U
   r0 = pl.program_id(0) * block_rows
   row_mask = (r0 + _iota(block_rows)) < n_rows
   scale = _load_vector(scale_ref, r0, block_rows, row_mask, 0.0).astype(_F32)[:, None]
-  bases = [bases_ref[k] for k in range(len(ref_lib.RAMP_BASES))]
+  bases = load_ramp_bases(bases_ref)
   values_of = lambda raw: [(t * scale).astype(weight_ref.dtype)
                            for t in unit_ternary(raw, layout, C, bases, compiled=compiled)]
   _decode_rows(packed_ref, weight_ref, values_of, r0=r0, row_mask=row_mask, n_units=n_units,
@@ -539,6 +544,7 @@ def ternary_init(weight, *, C: int, config: ElementwiseConfig | None = None,
 __all__ = [
     "UnitLayout",
     "interleave",
+    "load_ramp_bases",
     "pack_codes",
     "packed_bytes",
     "packed_units",

@@ -58,6 +58,7 @@ from jaxnoise.ops.ternary.pallas_triton import (
     _loop,
     _packed_view,
     _store_lanes,
+    load_ramp_bases,
     packed_units,
     ramp_bases,
     split_lanes,
@@ -178,7 +179,7 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
   n0 = pl.program_id(1) * block_n
   split = pl.program_id(2)
   n_lanes = layout.codes
-  bases = [bases_ref[k] for k in range(len(ref_lib.RAMP_BASES))]
+  bases = load_ramp_bases(bases_ref)
   # Masks only along dimensions the tiles do not divide (None: every element is in range).
   m_mask = None if m_rows % block_m == 0 else (m0 + _iota(block_m)) < m_rows
   n_mask = None if n_out % block_n == 0 else (n0 + _iota(block_n)) < n_out

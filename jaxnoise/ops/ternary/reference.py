@@ -213,7 +213,7 @@ def field_ternary(field, bit: int, C: int, saturated_add=clip_add, bases=RAMP_BA
   biases a field in one logic instruction (with two constants it emits two).
   """
   lv = levels(C)
-  masked = field & jnp.uint32(0x3F << bit) if bit + 6 < 32 else field
+  masked = field & jnp.uint32(0x3F << bit)
   base = jnp.asarray(bases[ramp_base_index(bit)], jnp.uint32)
   ramp = jax.lax.bitcast_convert_type(masked | base, _F32)
   at_least_lv = saturated_add(ramp, ramp_offset(bit, lv, True), False)
