@@ -665,8 +665,15 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
                                M._dot_tiles(shape, dtype)]))  # pylint: disable=protected-access
   if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
     strided = dataclasses.replace(base, x_vector_loads=False)
-    out = [base, strided, dataclasses.replace(base, num_stages=2),
-           dataclasses.replace(base, num_stages=2, split_k=2 * base.split_k)]
+    # Session 19: small programs (GEMV-like: 2-8 outputs, 1-2 warps), split along in or whole
+    # rows per program (no XLA sum of partial tiles after the kernel).
+    gemv = [M(block_m=1, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k,
+              method="fma")
+            for n, g, k, w in [(4, 1024, 1, 2), (8, 1024, 1, 4), (4, 512, 1, 2), (2, 1024, 1, 1),
+                               (4, 1024, 1, 1), (8, 1024, 1, 2), (16, 1024, 1, 4), (8, 512, 1, 2),
+                               (8, 256, 4, 2), (4, 128, 8, 2)]]
+    out = [base] + gemv + [strided, dataclasses.replace(base, num_stages=2),
+                           dataclasses.replace(base, num_stages=2, split_k=2 * base.split_k)]
     out += fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
     out += dot[:2]
   elif m_rows <= 4:
@@ -682,6 +689,9 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
                dataclasses.replace(base, num_stages=2, split_k=2),
                dataclasses.replace(base, num_stages=2, split_k=2, num_warps=8),
                dataclasses.replace(base, block_groups=256, num_stages=2, split_k=4)]
+    # Session 19: small programs (2 warps, 4-8 outputs).
+    latency = [dataclasses.replace(base, block_n=n, block_groups=g, split_k=k, num_warps=2)
+               for n, g, k in [(4, 256, 4), (4, 512, 2), (8, 256, 4), (4, 1024, 1)]] + latency
     out = ([base] + (latency if base.method == "fma" else []) + [dot16] + dot[:4] + fma[:4]
            + dot[4:] + fma[4:8])
   elif m_rows <= 16:

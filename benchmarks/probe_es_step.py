@@ -18,6 +18,9 @@ more came from ``centered_rank``'s two ``searchsorted`` while loops.
 dropping a non-finite generation: its default (element-wise selects),
 ``check_finite=False`` (no check) and ``lax.cond`` over the inner state
 (session 9).
+``--floor`` also times batch inference of the layer and prints each step
+against twice it (inference plus one GEMM of the layer's size: issue 9's
+target is at most 1.3x), with the step's kernel count.
 """
 
 from __future__ import annotations
@@ -147,6 +150,23 @@ def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None
   return {"busy_ms": busy["busy_ms"], "kernels_ms": kernels}
 
 
+def inference_busy_ms(dtype) -> float | None:
+  """The floor's half: batch inference of the layer, the fastest of three forms (device ms).
+
+  As ``bench_low_rank.py``'s inference case; issue 9's step target is at most
+  1.3x of inference plus one GEMM of the layer's size (twice this).
+  """
+  weight = (jax.random.normal(jax.random.key(0), (WIDTH, WIDTH), jnp.float32)
+            / WIDTH ** 0.5).astype(dtype)
+  x = jax.random.normal(jax.random.key(1), (POP, 1, WIDTH), dtype)
+  forms = [jax.jit(lambda x, w: jnp.dot(x[:, 0], w.T)),
+           jax.jit(lambda x, w: jax.lax.dot_general(x[:, 0], w, (((1,), (1,)), ((), ())))),
+           jax.jit(lambda x, w: jnp.einsum("pbk,ok->pbo", x, w))]
+  busy = [_harness.device_busy(form, x, weight, calls=10) for form in forms]
+  busy = [b["busy_ms"] for b in busy if b]
+  return min(busy) if busy else None
+
+
 def _finite_forms(args):
   """The transform's SGD step with ``es._all_finite`` replaced by each form (session 15)."""
   import probe_finite_check  # pylint: disable=g-import-not-at-top
@@ -183,12 +203,22 @@ def main(argv=None):
   parser.add_argument("--finite-forms", action="store_true",
                       help="only the transform with SGD, its finiteness check written in each "
                            "form of probe_finite_check.FORMS")
+  parser.add_argument("--floor", action="store_true",
+                      help="also time batch inference; print each step against twice it")
   args = parser.parse_args(argv)
   results = {}
   if args.finite_forms:
     _finite_forms(args)
     return
   for dtype in (jnp.bfloat16, jnp.float32):
+    floor_ms = None
+    # (Only the dtypes that --only can select: a pattern starting with a dtype's name.)
+    if args.floor and (not args.only.startswith(("bfloat16", "float32"))
+                       or args.only.startswith(jnp.dtype(dtype).name)):
+      inference = inference_busy_ms(dtype)
+      floor_ms = None if inference is None else 2 * inference
+      results[f"{jnp.dtype(dtype).name} inference"] = {"busy_ms": inference}
+      print(f"{jnp.dtype(dtype).name} inference: {inference} ms (floor: twice that)", flush=True)
     variants = [(f"{'ranks' if ranks else 'raw fitness'} {'donated' if donate else 'not donated'}",
                  dict(ranks=ranks, donate=donate))
                 for ranks, donate in ((True, True), (False, True), (True, False))]
@@ -206,7 +236,12 @@ def main(argv=None):
       if args.only and not re.search(args.only, name):
         continue
       results[name] = row = measure(dtype, **kwargs)
-      print(f"{name}: {row.get('busy_ms', float('nan')):.3f} ms", flush=True)
+      ratio = ""
+      if floor_ms and row.get("busy_ms"):
+        row["ratio_to_inference_plus_gemm"] = row["busy_ms"] / floor_ms
+        ratio = f" = {row['ratio_to_inference_plus_gemm']:.3f}x (inference + one GEMM)"
+      print(f"{name}: {row.get('busy_ms', float('nan')):.3f} ms{ratio}, "
+            f"{len(row.get('kernels_ms', {}))} kernels", flush=True)
       for kernel, ms in list(row.get("kernels_ms", {}).items())[:10]:
         print(f"    {ms:.4f}  {kernel}")
   _harness.write_json(str(pathlib.Path(args.out) / "probe_es_step.json"),  # makes the folder

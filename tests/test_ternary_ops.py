@@ -642,6 +642,49 @@ def test_fma_tiles_of_several_rows_agree_with_one_row_tiles(rng, dtype, m_rows, 
     np.testing.assert_allclose(ys[0], np.asarray(expected), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("implementation", KERNEL_IMPLS)
+def test_split_matmul_sums_every_slab_once(rng, implementation):
+  """``in`` split across programs: every slab's partial tile is summed once.
+
+  Integer ``x`` makes every partial sum exact, so any slab missed, stored
+  over another's, or summed twice changes the result, and the expected value
+  is exact (one float32 product with ``scale``). Then normal ``x``: repeated
+  calls agree bit for bit, and with the reference to float32 rounding. fma
+  and dot tiles, ragged ``M`` and ``out``, a split that does not divide the
+  steps, more splits than steps (clamped), and (compiled) the one-row
+  heuristic at 4096 inputs.
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  config = config_lib.MatmulConfig
+  compiled = implementation == "pallas"
+  shapes = [(int(rng.integers(20, 60)) | 1, 16 * 12)] + ([(4099, 4096)] if compiled else [])
+  cases = [(1, config(block_m=1, block_n=4, block_groups=8, method="fma", split_k=5)),
+           (3, config(block_m=4, block_n=8, block_groups=4, method="fma", split_k=64)),
+           (5, config(block_m=16, block_n=16, block_groups=16, num_warps=2, split_k=3))]
+  if compiled:
+    cases.append((1, config.get_heuristics_config((1, 4096, 4096), jnp.bfloat16)))
+  for out_features, in_features in shapes:
+    C = int(rng.integers(1, 12))
+    codes, packed, scale, _ = random_state(rng, out_features, in_features, C)
+    t = np.asarray(reference.ternary_of(jnp.asarray(codes), C), np.float64)
+    for m_rows, tiles in cases:
+      assert tiles.split_k > 1
+      x_int = rng.integers(-8, 9, (m_rows, in_features)).astype(np.float32)
+      exact = (x_int.astype(np.float64) @ t.T).astype(np.float32) * np.asarray(scale)[None, :]
+      run = lambda x: np.asarray(matmul_kernels.ternary_matmul(  # noqa: E731
+          jnp.asarray(x), packed, scale, C=C, out_dtype=jnp.float32, config=tiles,
+          interpret=not compiled))
+      np.testing.assert_array_equal(run(x_int), exact, err_msg=str(tiles))
+      x = rng.normal(size=(m_rows, in_features)).astype(np.float32)
+      first = run(x)
+      for _ in range(8 if compiled else 1):
+        np.testing.assert_array_equal(run(x), first, err_msg=str(tiles))
+      expected = reference.ternary_matmul_reference(jnp.asarray(x), packed, scale, C=C,
+                                                    out_dtype=jnp.float32)
+      np.testing.assert_allclose(first, np.asarray(expected), rtol=1e-5, atol=1e-4)
+
+
 def test_matmul_heuristic_methods_per_batch_and_dtype():
   """fma tiles for 1-4 rows (every row in one program; 1-3 for float32), then dot tiles,
   then decode."""
