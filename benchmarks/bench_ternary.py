@@ -663,8 +663,9 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
     return list(dict.fromkeys([base, M._fma_rows_config(*shape),  # pylint: disable=protected-access
                                M(method="decode"),
                                M._dot_tiles(shape, dtype)]))  # pylint: disable=protected-access
-  if m_rows == 1:  # The heuristic with session 6's strided x lanes second (session 7).
-    strided = dataclasses.replace(base, x_vector_loads=False)
+  if m_rows == 1:  # The heuristic, then the split tiles (session 18's heuristic).
+    split = M._fma_config(*shape)  # pylint: disable=protected-access
+    strided = dataclasses.replace(split, x_vector_loads=False)
     # Session 19: small programs (GEMV-like: 2-8 outputs, 1-2 warps), split along in or whole
     # rows per program (no XLA sum of partial tiles after the kernel).
     gemv = [M(block_m=1, block_n=n, block_groups=g, num_warps=w, num_stages=3, split_k=k,
@@ -672,8 +673,9 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
             for n, g, k, w in [(4, 1024, 1, 2), (8, 1024, 1, 4), (4, 512, 1, 2), (2, 1024, 1, 1),
                                (4, 1024, 1, 1), (8, 1024, 1, 2), (16, 1024, 1, 4), (8, 512, 1, 2),
                                (8, 256, 4, 2), (4, 128, 8, 2)]]
-    out = [base] + gemv + [strided, dataclasses.replace(base, num_stages=2),
-                           dataclasses.replace(base, num_stages=2, split_k=2 * base.split_k)]
+    out = [base, split] + gemv + [strided, dataclasses.replace(split, num_stages=2),
+                                  dataclasses.replace(split, num_stages=2,
+                                                      split_k=2 * split.split_k)]
     out += fma + [dataclasses.replace(c, x_vector_loads=False) for c in fma[:2]]
     out += dot[:2]
   elif m_rows <= 4:

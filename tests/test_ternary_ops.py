@@ -651,8 +651,8 @@ def test_split_matmul_sums_every_slab_once(rng, implementation):
   is exact (one float32 product with ``scale``). Then normal ``x``: repeated
   calls agree bit for bit, and with the reference to float32 rounding. fma
   and dot tiles, ragged ``M`` and ``out``, a split that does not divide the
-  steps, more splits than steps (clamped), and (compiled) the one-row
-  heuristic at 4096 inputs.
+  steps, more splits than steps (clamped), and (compiled) the one-row split
+  tiles at 4096 inputs.
   """
   # pylint: disable-next=g-import-not-at-top
   from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
@@ -662,8 +662,8 @@ def test_split_matmul_sums_every_slab_once(rng, implementation):
   cases = [(1, config(block_m=1, block_n=4, block_groups=8, method="fma", split_k=5)),
            (3, config(block_m=4, block_n=8, block_groups=4, method="fma", split_k=64)),
            (5, config(block_m=16, block_n=16, block_groups=16, num_warps=2, split_k=3))]
-  if compiled:
-    cases.append((1, config.get_heuristics_config((1, 4096, 4096), jnp.bfloat16)))
+  if compiled:  # The split tiles of one row (16-bit x from 2048 outputs takes whole rows).
+    cases.append((1, config._fma_config(1, 4096, 4096)))  # pylint: disable=protected-access
   for out_features, in_features in shapes:
     C = int(rng.integers(1, 12))
     codes, packed, scale, _ = random_state(rng, out_features, in_features, C)
@@ -1187,6 +1187,29 @@ def test_gpu_counter_update_matches_reference(rng, shape):
   y_ref = ternary.ternary_matmul(x, packed, scale, C=C, implementation="reference")
   np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(y_ref, np.float32),
                              rtol=2e-2, atol=2e-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4099, 4096), (8192, 8192), (2048, 4 * 1001), (5000, 16 * 3)])
+def test_gpu_one_row_heuristic_matches_reference(rng, shape):
+  """One row of 16-bit ``x``: the whole-row programs of ``_gemv_config`` (1-2 warps), compiled.
+
+  Ragged ``out``, byte units (``in = 4 * odd``) and a short ``in``; integer
+  ``x`` makes the float32 sums exact, so the product must equal the
+  reference's bit for bit before the bf16 output rounding.
+  """
+  out_features, in_features = shape
+  C = int(rng.integers(1, 12))
+  codes, packed, scale, _ = random_state(rng, out_features, in_features, C)
+  config = config_lib.MatmulConfig.get_heuristics_config((1,) + shape, jnp.bfloat16)
+  assert config.method == "fma" and config.split_k == 1 and config.block_n <= 16, config
+  t = np.asarray(reference.ternary_of(jnp.asarray(codes), C), np.float64)
+  x = rng.integers(-8, 9, (1, in_features)).astype(np.float32)
+  exact = ((x.astype(np.float64) @ t.T).astype(np.float32) * np.asarray(scale)[None, :])
+  y = ternary.ternary_matmul(jnp.asarray(x, jnp.bfloat16), packed, scale, C=C,
+                             implementation="pallas")
+  np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                np.asarray(jnp.asarray(exact, jnp.bfloat16), np.float32))
 
 
 # ----------------------------------------------------------------------------

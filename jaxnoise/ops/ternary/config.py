@@ -368,6 +368,9 @@ MATMUL_METHODS = ("dot", "fma", "decode")
 DECODE_TARGETS = ("compute",)
 # Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
 _GEMV_PROGRAMS = 512
+# One row of 16-bit x takes whole-row programs (MatmulConfig._gemv_config) from this many
+# outputs (~1024 programs of 2 units); fewer outputs split `in` for enough programs.
+_GEMV_MIN_OUT = 2048
 # The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
 _INPUT_GRAD_PROGRAMS = 256
 
@@ -470,8 +473,10 @@ class MatmulConfig:
     ``benchmarks/results/2026-12-01-h200-s5/ternary*`` and, in device time,
     ``benchmarks/results/2026-12-01-h200-s6/matmul_run*``; bfloat16 ``x``):
 
-    * ``M = 1``: CUDA-core ``"fma"`` tiles of 16 output units, 512 inputs per
-      step, ``in`` split 8 ways (:meth:`_fma_config`).
+    * ``M = 1``, 16-bit ``x``: CUDA-core ``"fma"`` tiles of 2-16 output units
+      (one warp per two), whole rows of up to 4096 inputs per step, no split
+      (:meth:`_gemv_config`); below ~2048 outputs, and for float32 ``x``,
+      tiles of 16 output units with ``in`` split 8 ways (:meth:`_fma_config`).
     * ``M = 2-4`` (16-bit ``x``; 2-3 for float32): fma tiles of all rows, 8
       output units, 2048 inputs per step (:meth:`_fma_rows_config`).
     * ``5 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
@@ -502,8 +507,8 @@ class MatmulConfig:
 
     Example:
       >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
-      >>> config.method, config.block_n, config.split_k
-      ('fma', 16, 8)
+      >>> config.method, config.block_n, config.num_warps, config.split_k
+      ('fma', 2, 1, 1)
       >>> config = MatmulConfig.get_heuristics_config((64, 4096, 4096), "bfloat16")
       >>> config.method, config.decode_to
       ('decode', 'compute')
@@ -511,7 +516,8 @@ class MatmulConfig:
     m_rows, out_features, in_features = (int(d) for d in shape)
     itemsize = jnp.dtype(dtype).itemsize
     if m_rows == 1:
-      # The float32 products are the same for any x dtype (x is cast in registers).
+      if itemsize < 4 and out_features >= _GEMV_MIN_OUT:
+        return cls._gemv_config(out_features, in_features)
       return cls._fma_config(m_rows, out_features, in_features)
     if m_rows <= (3 if itemsize >= 4 else 4):
       return cls._fma_rows_config(m_rows, out_features, in_features)
@@ -532,8 +538,28 @@ class MatmulConfig:
     return config
 
   @classmethod
+  def _gemv_config(cls, out_features: int, in_features: int) -> "MatmulConfig":
+    """One row of 16-bit ``x``: small programs over whole rows, no split along ``in``.
+
+    ``out / 2048`` output units per program (2 to 16, a power of 2) and one
+    warp per two of them, so ~2048 programs of 1-8 warps; up to 4096 inputs
+    per step. Nothing follows the kernel (a split needs XLA's sum of the
+    partial tiles, 1.4-1.6 us). Session 19 run 3 (device time; the split
+    tiles of :meth:`_fma_config` beside it): 4096^2 7.36 us with 2 units and
+    one warp (8.75 split; a dense bf16 matmul 13.03: 1.77x), 8192^2 22.99 us
+    with 4 units and two warps (23.69 split; dense 37.91: 1.65x).
+    """
+    block_n = 1 << max(1, min(4, (out_features // 2048).bit_length() - 1))  # 2 to 16
+    block_groups = min(1024, max(4, next_power_of_2(max(1, -(-in_features // 4)))))
+    return cls(block_m=1, block_n=block_n, block_groups=block_groups,
+               num_warps=max(1, block_n // 2), num_stages=3, split_k=1, method="fma")
+
+  @classmethod
   def _fma_config(cls, m_rows: int, out_features: int, in_features: int) -> "MatmulConfig":
     """CUDA-core tiles: 16 outputs x 512 inputs per step, ``in`` split 8 ways.
+
+    One row of float32 ``x``, or of 16-bit ``x`` below 2048 outputs (else
+    :meth:`_gemv_config`); XLA sums the partial tiles after the kernel.
 
     Session 6 run 5 (device time, ``x`` lanes loaded strided in the kernel):
     10.8 us at 4096^2 and 30.2 us at 8192^2 with the sum of the partial tiles,
@@ -704,8 +730,11 @@ class MatmulConfig:
       dot = base if base.method == "dot" else replace(cls._dot_tiles(shape, dtype),
                                                       word_loads=False)
       if m_rows == 1:
+        gemv = cls._gemv_config(out_features, in_features)
+        out += [fma, gemv, replace(gemv, block_n=gemv.block_n * 2, num_warps=gemv.num_warps * 2),
+                replace(gemv, block_groups=max(4, gemv.block_groups // 2))]
         fma = replace(fma, block_groups=64)
-        out += [fma, replace(fma, block_n=16), replace(fma, split_k=fma.split_k * 2),
+        out += [fma, replace(fma, split_k=fma.split_k * 2),
                 replace(fma, split_k=max(1, fma.split_k // 2))]
       elif m_rows <= 4 or base.method == "fma":  # rows sharing each weight's decode
         rows = cls._fma_rows_config(m_rows, out_features, in_features)
