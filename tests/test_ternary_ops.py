@@ -45,6 +45,12 @@ def random_state(rng, out_features, in_features, C, *, scale_range=(0.05, 2.0)):
   return codes, jnp.asarray(np_pack(codes)), jnp.asarray(scale), jnp.asarray(v)
 
 
+def exact_product(x_int: np.ndarray, codes: np.ndarray, C: int, scale) -> np.ndarray:
+  """``(x @ t^T) * scale`` for integer ``x``: the sums exact, then one float32 product."""
+  t = np.asarray(reference.ternary_of(jnp.asarray(codes), C), np.float64)
+  return (x_int.astype(np.float64) @ t.T).astype(np.float32) * np.asarray(scale)[None, :]
+
+
 def codes_of(packed) -> np.ndarray:
   return np.asarray(reference.unpack_codes_reference(jnp.asarray(packed))).astype(np.int64)
 
@@ -667,11 +673,10 @@ def test_split_matmul_sums_every_slab_once(rng, implementation):
   for out_features, in_features in shapes:
     C = int(rng.integers(1, 12))
     codes, packed, scale, _ = random_state(rng, out_features, in_features, C)
-    t = np.asarray(reference.ternary_of(jnp.asarray(codes), C), np.float64)
     for m_rows, tiles in cases:
       assert tiles.split_k > 1
       x_int = rng.integers(-8, 9, (m_rows, in_features)).astype(np.float32)
-      exact = (x_int.astype(np.float64) @ t.T).astype(np.float32) * np.asarray(scale)[None, :]
+      exact = exact_product(x_int, codes, C, scale)
       run = lambda x: np.asarray(matmul_kernels.ternary_matmul(  # noqa: E731
           jnp.asarray(x), packed, scale, C=C, out_dtype=jnp.float32, config=tiles,
           interpret=not compiled))
@@ -1203,9 +1208,8 @@ def test_gpu_one_row_heuristic_matches_reference(rng, shape):
   codes, packed, scale, _ = random_state(rng, out_features, in_features, C)
   config = config_lib.MatmulConfig.get_heuristics_config((1,) + shape, jnp.bfloat16)
   assert config.method == "fma" and config.split_k == 1 and config.block_n <= 16, config
-  t = np.asarray(reference.ternary_of(jnp.asarray(codes), C), np.float64)
   x = rng.integers(-8, 9, (1, in_features)).astype(np.float32)
-  exact = ((x.astype(np.float64) @ t.T).astype(np.float32) * np.asarray(scale)[None, :])
+  exact = exact_product(x, codes, C, scale)
   y = ternary.ternary_matmul(jnp.asarray(x, jnp.bfloat16), packed, scale, C=C,
                              implementation="pallas")
   np.testing.assert_array_equal(np.asarray(y, np.float32),

@@ -368,8 +368,10 @@ MATMUL_METHODS = ("dot", "fma", "decode")
 DECODE_TARGETS = ("compute",)
 # Programs the small-batch heuristic aims for: a few per SM of a large GPU (132 on an H200).
 _GEMV_PROGRAMS = 512
-# One row of 16-bit x takes whole-row programs (MatmulConfig._gemv_config) from this many
-# outputs (~1024 programs of 2 units); fewer outputs split `in` for enough programs.
+# One row of 16-bit x: whole-row programs (MatmulConfig._gemv_config), about this many of
+# them (output units per program: out / this, 2 to 16).
+_WHOLE_ROW_PROGRAMS = 2048
+# ... from this many outputs (~1024 programs of 2 units); fewer split `in` for enough programs.
 _GEMV_MIN_OUT = 2048
 # The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
 _INPUT_GRAD_PROGRAMS = 256
@@ -549,7 +551,8 @@ class MatmulConfig:
     one warp (8.75 split; a dense bf16 matmul 13.03: 1.77x), 8192^2 22.99 us
     with 4 units and two warps (23.69 split; dense 37.91: 1.65x).
     """
-    block_n = 1 << max(1, min(4, (out_features // 2048).bit_length() - 1))  # 2 to 16
+    per_program = out_features // _WHOLE_ROW_PROGRAMS
+    block_n = 1 << max(1, min(4, per_program.bit_length() - 1))  # a power of 2, 2 to 16
     block_groups = min(1024, max(4, next_power_of_2(max(1, -(-in_features // 4)))))
     return cls(block_m=1, block_n=block_n, block_groups=block_groups,
                num_warps=max(1, block_n // 2), num_stages=3, split_k=1, method="fma")
