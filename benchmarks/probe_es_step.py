@@ -21,6 +21,8 @@ dropping a non-finite generation: its default (element-wise selects),
 ``--floor`` also times batch inference of the layer and prints each step
 against twice it (inference plus one GEMM of the layer's size: issue 9's
 target is at most 1.3x), with the step's kernel count.
+``--update-tiles 128x256x64/8/3,...`` adds the hand-written step with the
+estimate and SGD's step in one kernel (``virtual_weight_update``), per tiles.
 """
 
 from __future__ import annotations
@@ -52,8 +54,21 @@ def raw_fitness(x, weight, seeds, dtype, rank):
   return jnp.mean(jnp.square(y.astype(jnp.float32) - 0.5), axis=(1, 2))
 
 
-def make_step(dtype, *, ranks: bool, rank: int = 1):
-  """The ES step of ``bench_low_rank._step_case`` with SGD and XLA's gradient GEMM."""
+def update_config(tiles: str) -> config_lib.LowRankGradientConfig:
+  """``"BMxBNxBK/W/S"`` -> bf16-operand tiles of that shape, ``W`` warps, ``S`` stages."""
+  shape, warps, stages = tiles.split("/")
+  block_rows, block_cols, block_k = (int(d) for d in shape.split("x"))
+  return config_lib.LowRankGradientConfig(
+      operand_dtype="bfloat16", block_rows=block_rows, block_cols=block_cols, block_k=block_k,
+      num_warps=int(warps), num_stages=int(stages))
+
+
+def make_step(dtype, *, ranks: bool, rank: int = 1, fused_tiles: str | None = None):
+  """The ES step of ``bench_low_rank._step_case`` with SGD and XLA's gradient GEMM.
+
+  ``fused_tiles``: the estimate and SGD's step in one kernel instead
+  (``virtual_weight_update``, the tile kernel with the update in its epilogue).
+  """
   optimizer = optax.sgd(1e-3)
   gradient_config = config_lib.LowRankGradientConfig(operand_dtype="bfloat16", xla_gemm=True)
 
@@ -61,6 +76,10 @@ def make_step(dtype, *, ranks: bool, rank: int = 1):
     fitness = raw_fitness(x, weight, seeds, dtype, rank)
     if ranks:
       fitness = jaxnoise.optim.centered_rank(fitness)
+    if fused_tiles is not None:
+      return jaxnoise.virtual_weight_update(
+          weight, fitness, seeds, SIGMA, -1e-3, None, 0, antithetic=True, rank=rank,
+          config=update_config(fused_tiles))
     gradient = jaxnoise.virtual_weight_gradient(
         fitness, seeds, weight.shape, SIGMA, None, 0, antithetic=True, rank=rank,
         config=gradient_config)
@@ -121,7 +140,8 @@ def make_es_step(dtype, optimizer_name: str, rank: int = 1, skip_form: str = "wh
 
 
 def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None,
-            skip_form: str = "where", donate_state: bool = True) -> dict:
+            skip_form: str = "where", donate_state: bool = True,
+            fused_tiles: str | None = None) -> dict:
   key = jax.random.key(0)
   weight = (jax.random.normal(key, (WIDTH, WIDTH), jnp.float32) / WIDTH ** 0.5).astype(dtype)
   x = jax.random.normal(jax.random.key(1), (POP, 1, WIDTH), dtype)
@@ -136,7 +156,8 @@ def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None
       state["carry"] = step(*state["carry"], x)
       return state["carry"]
   else:
-    step = jax.jit(make_step(dtype, ranks=ranks), donate_argnums=(0,) if donate else ())
+    step = jax.jit(make_step(dtype, ranks=ranks, fused_tiles=fused_tiles),
+                   donate_argnums=(0,) if donate else ())
     state = {"weight": weight}
 
     def run(x, seeds):
@@ -205,6 +226,9 @@ def main(argv=None):
                            "form of probe_finite_check.FORMS")
   parser.add_argument("--floor", action="store_true",
                       help="also time batch inference; print each step against twice it")
+  parser.add_argument("--update-tiles", default="",
+                      help="comma-separated BMxBNxBK/warps/stages: the hand-written step with "
+                           "the estimate and SGD's step fused (virtual_weight_update) per tiles")
   args = parser.parse_args(argv)
   results = {}
   if args.finite_forms:
@@ -224,6 +248,9 @@ def main(argv=None):
                 for ranks, donate in ((True, True), (False, True), (True, False))]
     variants += [(f"evolution_strategy {name}", dict(ranks=True, donate=True, es_optimizer=name))
                  for name in ("sgd", "adam")]
+    variants += [(f"ranks donated fused update {tiles}",
+                  dict(ranks=True, donate=True, fused_tiles=tiles))
+                 for tiles in filter(None, args.update_tiles.split(","))]
     if args.skip_forms:
       variants = [(f"evolution_strategy {name} {form}{'' if donate else ' state not donated'}",
                    dict(ranks=True, donate=True, es_optimizer=name, skip_form=form,

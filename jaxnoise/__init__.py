@@ -1,6 +1,7 @@
 """jaxnoise: evolution strategies with virtual noise and ternary counters in JAX.
 
 * Virtual-noise ops (:func:`virtual_perturbed_linear`, :func:`virtual_weight_gradient`,
+  :func:`virtual_weight_update`,
   :func:`virtual_bias_gradient`, :func:`virtual_reduce_metric`) evaluate a population of
   perturbed models without storing the noise; :mod:`jaxnoise.noise` defines it.
 * Ternary counter ops (:func:`counter_update`, :func:`ternary_matmul`, ...) train
@@ -37,6 +38,7 @@ from jaxnoise.ops.virtual_noise import (
     virtual_perturbed_linear,
     virtual_reduce_metric,
     virtual_weight_gradient,
+    virtual_weight_update,
 )
 from jaxnoise.ops.virtual_noise.config import (
     NoiseGradientConfig,
@@ -92,4 +94,5 @@ __all__ = [
     "virtual_perturbed_linear",
     "virtual_reduce_metric",
     "virtual_weight_gradient",
+    "virtual_weight_update",
 ]

@@ -42,8 +42,9 @@ any number of devices and any row counts, by construction:
 * The inner optimizer works element by element on identical inputs (SGD,
   momentum, Adam, AdamW, ...). A transform that reduces over a whole leaf or
   tree (global-norm clipping) sums its shards in another order: equal to
-  float rounding. So is ``LowRankGradientConfig(xla_gemm=True)`` (one cuBLAS
-  GEMM per chunk).
+  float rounding. So is ``LowRankGradientConfig(xla_gemm=True)`` (one XLA
+  GEMM per chunk, with no barrier or seal after it, so that XLA may fuse the
+  optimizer's step into its epilogue).
 
 The fitness from :func:`sharded_fitness` comes from evaluating slices of the
 population: every individual's value is a function of its own seed, but XLA

@@ -237,6 +237,124 @@ def test_gradient_is_unbiased_for_a_linear_fitness():
   assert float(jnp.abs(gradient - target).max()) < bound
 
 
+UPDATE_CONFIGS = {
+    # One contraction covers the population: the tiles add the step in their epilogue.
+    "fused": config_lib.LowRankGradientConfig(tf32=False),
+    "fused ragged bf16 tiles": config_lib.LowRankGradientConfig(
+        operand_dtype="bfloat16", block_rows=16, block_cols=32, block_k=16, num_stages=2),
+    # The gradient first, then the step.
+    "chunked": config_lib.LowRankGradientConfig(chunk=3, tf32=False),  # 64 (aligned) a chunk
+    "xla gemm": config_lib.LowRankGradientConfig(xla_gemm=True, tf32=False),
+}
+
+
+def _expected_update(weight, fitness, seeds, sigma, step, offset, kind, antithetic, rank):
+  noise = noise_lib.virtual_noise(seeds, weight.shape, offset, kind=kind, antithetic=antithetic,
+                                  rank=rank)
+  gradient = jnp.einsum("p,pok->ok", fitness, noise, precision=HIGHEST) / (len(fitness) * sigma)
+  return weight.astype(jnp.float32) + step * gradient
+
+
+@pytest.mark.parametrize("implementation", ["reference", "interpret"])
+@pytest.mark.parametrize("config_name", sorted(UPDATE_CONFIGS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("kind,antithetic,rank,offset", [
+    ("binomial", True, 1, 0), ("rademacher", False, 3, (1 << 32) - 60)])
+def test_weight_update_is_one_sgd_step_on_the_estimate(rng, implementation, config_name, dtype,
+                                                       kind, antithetic, rank, offset):
+  pop, shape, sigma, step = 140, (37, 21), 0.3, -0.7  # "chunked": 2 contractions
+  seeds = _seeds(rng, pop, antithetic)
+  fitness = _normal(rng, (pop,))
+  weight = _normal(rng, shape, dtype)
+  new = jaxnoise.virtual_weight_update(weight, fitness, seeds, sigma, step, None, offset,
+                                       kind=kind, antithetic=antithetic, rank=rank,
+                                       implementation=implementation,
+                                       config=UPDATE_CONFIGS[config_name])
+  assert new.shape == shape and new.dtype == dtype
+  want = _expected_update(weight, fitness, seeds, sigma, step, offset, kind, antithetic, rank)
+  # float32: the sums' order; bfloat16: one rounding of the sum (bf16 operands: also A's).
+  tolerance = 1e-5 if dtype == jnp.float32 else 2 ** -7
+  if config_name == "fused ragged bf16 tiles":
+    tolerance = max(tolerance, 2e-2)
+  np.testing.assert_allclose(new.astype(jnp.float32), want,
+                             atol=tolerance * float(jnp.abs(want).max()))
+  changed = float(jnp.mean((new != weight).astype(jnp.float32)))
+  assert changed > 0.5  # the step moved the weights
+
+
+def _pallas_call_names(fn, *args) -> list[str]:
+  text = str(jax.make_jaxpr(fn)(*args))
+  return [name for name in ("virtual_low_rank_update", "virtual_low_rank_gradient")
+          if name in text]
+
+
+@pytest.mark.parametrize("config_name,kernel", [
+    ("fused", ["virtual_low_rank_update"]), ("chunked", ["virtual_low_rank_gradient"]),
+    ("xla gemm", [])])
+def test_weight_update_fuses_the_step_where_one_contraction_covers_the_population(
+    rng, config_name, kernel):
+  seeds, fitness = _seeds(rng, 140, True), _normal(rng, (140,))  # "chunked": 70 pairs, 2 chunks
+  weight = _normal(rng, (9, 14), jnp.bfloat16)
+
+  def update(weight, step):
+    return jaxnoise.virtual_weight_update(weight, fitness, seeds, 0.1, step, antithetic=True,
+                                          rank=2, implementation="interpret",
+                                          config=UPDATE_CONFIGS[config_name])
+
+  assert _pallas_call_names(update, weight, 0.5) == kernel
+  # A traced step and a donated weight give the concrete call's result.
+  concrete = update(weight, 0.5)
+  donated = jax.jit(update, donate_argnums=(0,))(jnp.copy(weight), jnp.float32(0.5))
+  np.testing.assert_array_equal(donated, concrete)
+
+
+@pytest.mark.parametrize("argument,value,error,match", [
+    ("weight", jnp.zeros(6), ValueError, "weight must be 2-D"),
+    ("weight", jnp.zeros((2, 3), jnp.int32), TypeError, "weight must have dtype"),
+    ("step_size", jnp.zeros(2), ValueError, "step_size must be a scalar"),
+    ("step_size", jnp.int32(2), TypeError, "step_size must be a float scalar"),
+    ("step_size", True, TypeError, "step_size must be a float scalar"),
+    ("step_size", float("inf"), ValueError, "step_size must be finite"),
+])
+def test_weight_update_rejects_bad_arguments_by_name(argument, value, error, match):
+  kwargs = dict(weight=jnp.zeros((2, 3)), fitness=jnp.ones(4), seeds=jnp.arange(4), sigma=0.1,
+                step_size=0.5)
+  kwargs[argument] = value
+  with pytest.raises(error, match=match):
+    jaxnoise.virtual_weight_update(**kwargs, rank=1)
+
+
+def test_weight_update_full_rank_and_empty():
+  weight = jnp.ones((3, 5))
+  fitness, seeds = jnp.array([1.0, -2.0, 0.5, 3.0]), jnp.arange(4)
+  new = jaxnoise.virtual_weight_update(weight, fitness, seeds, 0.2, 0.1)
+  gradient = jaxnoise.virtual_weight_gradient(fitness, seeds, (3, 5), 0.2)
+  np.testing.assert_array_equal(new, weight + 0.1 * gradient)
+  empty = jnp.zeros((0, 4), jnp.bfloat16)
+  assert jaxnoise.virtual_weight_update(empty, fitness, seeds, 0.2, 0.1, rank=1) is empty
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_weight_update_compiled_on_gpu(rng, kind):
+  pop, shape, sigma, step = 130, (300, 517), 0.05, 0.3
+  seeds = _seeds(rng, pop, True)
+  fitness = _normal(rng, (pop,))
+  offset = (1 << 32) + 5
+  for dtype, config in ((jnp.float32, UPDATE_CONFIGS["fused"]),
+                        (jnp.bfloat16, config_lib.LowRankGradientConfig(
+                            operand_dtype="bfloat16", block_rows=128, block_cols=256, block_k=64,
+                            num_warps=8, num_stages=3))):
+    weight = _normal(rng, shape, dtype)
+    new = jax.jit(lambda w: jaxnoise.virtual_weight_update(
+        w, fitness, seeds, sigma, step, None, offset, kind=kind, antithetic=True, rank=2,
+        implementation="pallas", config=config))(weight)
+    want = _expected_update(weight, fitness, seeds, sigma, step, offset, kind, True, 2)
+    tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(new.astype(jnp.float32), want,
+                               atol=tolerance * float(jnp.abs(want).max()))
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_vjp_matches_the_dense_perturbation(rng, shared):
   pop, batch, out_f, in_f, rank = 4, 3, 11, 37, 2

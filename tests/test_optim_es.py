@@ -375,3 +375,32 @@ def test_config_tuple_routes_each_op_its_config():
     evolution_strategy(0.05, optax.sgd(0.1), pop_size=8,
                        config=(config_lib.LowRankGradientConfig(),
                                config_lib.LowRankGradientConfig(xla_gemm=True)))
+
+
+@pytest.mark.parametrize("check_finite", [True, False])
+def test_an_xla_gemm_estimate_is_left_to_xla_to_fuse_with_the_update(rng, check_finite):
+  """No barrier or seal after XLA's GEMM: XLA may add SGD's step in its epilogue.
+
+  (On an H200 the step of EGGROLL's layer then has no pass of its own over the
+  gradient and the weights without the check: ``benchmarks/RESULTS.md``,
+  session 20.) The updates are those of the tile kernel up to rounding.
+  """
+  params = {"w": jnp.asarray(rng.normal(size=(24, 40)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=24), jnp.float32)}
+  fitness = jnp.asarray(rng.normal(size=16), jnp.float32)
+  results = {}
+  for xla_gemm in (False, True):
+    es = evolution_strategy(0.1, optax.sgd(0.05), pop_size=16, rank=1,
+                            check_finite=check_finite, implementation="interpret",
+                            config=config_lib.LowRankGradientConfig(xla_gemm=xla_gemm, tf32=False))
+    state = es.init(params)
+    jaxpr = str(jax.make_jaxpr(es.update)(fitness, state, params))
+    updates, _ = jax.jit(es.update)(fitness, state, params)
+    results[xla_gemm] = (jaxpr.count("optimization_barrier"), updates)
+  (tile_barriers, tile_updates), (gemm_barriers, gemm_updates) = results[False], results[True]
+  # The tiles: the shaping's, the tile kernel's two and the estimate's; XLA's GEMM: the
+  # shaping's alone.
+  assert (tile_barriers, gemm_barriers) == (4, 1)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               gemm_updates, tile_updates)
+  assert float(jnp.abs(gemm_updates["w"]).max()) > 0

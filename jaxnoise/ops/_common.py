@@ -146,7 +146,8 @@ def check_finite_values(value: jax.Array, name: str) -> None:
     runtime_check(bad == 0, f"{name} holds {{}} non-finite values (shape "
                   f"{tuple(np.shape(value))})", bad)
     return
-  bad = int(jnp.sum(~jnp.isfinite(value)))
+  # numpy, not jnp: inside a jit trace jnp would stage the check of a closed-over array.
+  bad = int(np.sum(~np.isfinite(np.asarray(value, np.float32))))
   if bad:
     raise ValueError(f"{name} must be finite, got {bad} NaN/inf values in {describe(value)}")
 

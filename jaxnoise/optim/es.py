@@ -53,7 +53,11 @@ them out, as optax does: the estimate is still finite by construction (shaped
 fitness and noise are bounded), so with finite parameters and optimizer
 state and no weight decay, SGD and Adam give finite updates unless the
 learning rate times the estimate overflows; nothing else is guaranteed, and
-``dropped_count`` stays 0.
+``dropped_count`` stays 0. With a low-rank estimate by XLA's GEMM
+(``LowRankGradientConfig(xla_gemm=True)``) and no check, nothing else reads
+the updates, so XLA adds SGD's step to the parameters in the GEMM's epilogue
+(the gradient is never stored): that layer's bf16 generation took 0.358 ms
+against 0.455 ms with the check (session 20).
 
 Non-finite fitness
 ------------------
@@ -484,6 +488,19 @@ class EvolutionStrategy:
         jnp.float32)
     return decayed.astype(param.dtype)
 
+  def _estimate_by_xla_gemm(self) -> bool:
+    """Whether the low-rank estimate is XLA's GEMM (``LowRankGradientConfig(xla_gemm=True)``).
+
+    Its bits already depend on the program (the GEMM's algorithm follows its
+    shape), so neither a barrier nor a seal holds it apart from the optimizer
+    and the parameters' addition: XLA then adds an element-wise optimizer's
+    update (SGD) to the parameters in the GEMM's epilogue when nothing else
+    reads the updates (``check_finite=False``), and the gradient is never
+    stored.
+    """
+    config = vn_config.config_for_op(self.config, vn_config.LowRankGradientConfig)
+    return self.rank is not None and config is not None and config.xla_gemm
+
   def update(self, fitness: jax.Array, state: EvolutionStrategyState,
              params: Any) -> tuple[Any, EvolutionStrategyState]:
     """Updates for the generation's fitness; advances the generation.
@@ -537,7 +554,9 @@ class EvolutionStrategy:
     param_tree = self._params(params)
     count = nonfinite_count
     rescaled = jnp.zeros((), jnp.int32) if rescaled_count is None else rescaled_count
-    ascent = jax.lax.optimization_barrier(ascent)
+    fixed_order = not self._estimate_by_xla_gemm()
+    if fixed_order:
+      ascent = jax.lax.optimization_barrier(ascent)
     loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
     updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
     # The library owns this state: a non-finite update or optimizer state is
@@ -549,8 +568,12 @@ class EvolutionStrategy:
     skip = dropped | (count > 0) if self.nonfinite == "skip" else dropped
     # Sealed (an addition): optax.apply_updates' ``params + updates`` cannot absorb the
     # optimizer's last product as a fused multiply-add in one program and not another.
+    # (Not after XLA's GEMM: the seal's second use of the update would keep XLA from
+    # adding it to the parameters in the GEMM's epilogue.)
     updates = jax.tree.map(
-        lambda u: _seal(jnp.where(skip, jnp.zeros_like(u), u)), updates)
+        lambda u: jnp.where(skip, jnp.zeros_like(u), u), updates)
+    if fixed_order:
+      updates = jax.tree.map(_seal, updates)
     if self.check_finite or self.nonfinite == "skip":
       inner_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new), inner_state,
                                  state.inner_state)

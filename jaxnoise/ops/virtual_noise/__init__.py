@@ -6,6 +6,7 @@ from jaxnoise.ops.virtual_noise.api import (
     virtual_perturbed_linear,
     virtual_reduce_metric,
     virtual_weight_gradient,
+    virtual_weight_update,
 )
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "virtual_perturbed_linear",
     "virtual_reduce_metric",
     "virtual_weight_gradient",
+    "virtual_weight_update",
 ]

@@ -35,6 +35,7 @@ __all__ = [
     "virtual_perturbed_linear",
     "virtual_reduce_metric",
     "virtual_weight_gradient",
+    "virtual_weight_update",
 ]
 
 
@@ -401,6 +402,105 @@ def virtual_weight_gradient(
                    implementation, config, rank)
 
 
+def virtual_weight_update(
+    weight: jax.Array,
+    fitness: jax.Array,
+    seeds: jax.Array,
+    sigma: float | jax.Array,
+    step_size: float | jax.Array,
+    pop_size: int | None = None,
+    offset: int = 0,
+    *,
+    kind: str = noise_lib.DEFAULT_KIND,
+    antithetic: bool = False,
+    implementation: str = "auto",
+    config: Any = None,
+    rank: int | None = None,
+) -> jax.Array:
+  """One plain SGD ascent step on the ES estimate: ``weight + step_size * gradient``.
+
+  ``gradient`` is :func:`virtual_weight_gradient` of the same arguments; the
+  sum is formed in float32 and rounded once to ``weight``'s dtype. With
+  ``rank`` on a GPU, when one contraction covers the population (the
+  default ``LowRankGradientConfig.chunk`` does up to ``2**24 / (out + in)``
+  members) and the contraction is the tile kernel (not ``xla_gemm``), each
+  output tile adds ``step_size`` times its products to the weight tile in
+  its epilogue: the gradient is never stored, and ``weight`` is read and
+  written once, in place when the caller donates it (``jax.jit(...,
+  donate_argnums=...)``). Otherwise the gradient is formed, then added.
+
+  This is what ``optax.sgd(step_size)`` on the negated estimate followed by
+  ``optax.apply_updates`` computes, with one rounding instead of three (the
+  gradient's, the update's and the sum's in ``weight``'s dtype); it has no
+  weight decay and no finiteness check (:mod:`jaxnoise.optim` has both). The
+  estimate itself is finite for finite fitness: its noise is bounded.
+
+  On an H200 (``benchmarks/RESULTS.md``, session 20; bf16 ``(8192, 8192)``,
+  1024 members in pairs, rank 1, device time): 193 us with
+  ``LowRankGradientConfig(operand_dtype="bfloat16", block_rows=128,
+  block_cols=256, block_k=64, num_warps=8)`` against 306 us for the
+  gradient, then the step; 466 against 584 us with the default (float32)
+  tiles. With ``xla_gemm=True`` XLA stores the float32 gradient and adds it
+  in a pass of its own (297 us).
+
+  Args:
+    weight: ``(out, in)`` float array.
+    fitness: ``(pop,)`` float fitness (already shaped, see
+      :mod:`jaxnoise.optim`).
+    seeds: ``(pop,)`` seeds.
+    sigma: the perturbation standard deviation used in the forward pass.
+    step_size: float scalar (may be traced); negative descends.
+    pop_size: the divisor's population size (default ``len(fitness)``).
+    offset: element index of ``weight[0, 0]``.
+    kind: noise kind.
+    antithetic: antithetic pairs.
+    implementation: ``"auto"``, ``"pallas"``, ``"interpret"``, ``"reference"``.
+    config: as for :func:`virtual_weight_gradient`.
+    rank: None (full-rank noise) or a positive int (low-rank noise).
+
+  Returns:
+    The updated weight, ``weight``'s shape and dtype.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> w = jnp.zeros((2, 3), jnp.bfloat16)
+    >>> new = virtual_weight_update(w, jnp.ones(4), jnp.arange(4), 0.1, 0.5, rank=1)
+    >>> new.shape, new.dtype
+    ((2, 3), dtype(bfloat16))
+    >>> g = virtual_weight_gradient(jnp.ones(4), jnp.arange(4), (2, 3), 0.1, rank=1)
+    >>> bool(jnp.all(new == (0.5 * g).astype(jnp.bfloat16)))
+    True
+  """
+  weight = _common.check_float_array(weight, "weight", (2,))
+  step = _check_step_size(step_size)
+  seeds = _check_population(seeds, antithetic)
+  fitness = _check_fitness(fitness, seeds)
+  rank = noise_lib.check_rank(rank)
+  if weight.size == 0:
+    return weight
+  implementation = _common.resolve_implementation(implementation)
+  if rank is not None and implementation != "reference":
+    return _gradient(fitness, seeds, weight.shape, sigma, pop_size, offset, kind, antithetic,
+                     implementation, config, rank, update=(weight, step))
+  gradient = _gradient(fitness, seeds, weight.shape, sigma, pop_size, offset, kind, antithetic,
+                       implementation, config, rank)
+  return (weight.astype(jnp.float32) + step * gradient).astype(weight.dtype)
+
+
+def _check_step_size(step_size) -> jax.Array:
+  """A float scalar (finite when concrete), as a float32 array."""
+  dtype = getattr(step_size, "dtype", None)
+  if isinstance(step_size, bool) or (dtype is not None
+                                     and not jnp.issubdtype(dtype, jnp.floating)):
+    raise TypeError(f"step_size must be a float scalar, got {_common.describe(step_size)}")
+  if np.ndim(step_size) != 0:
+    raise ValueError(f"step_size must be a scalar, got {_common.describe(step_size)}")
+  as_float = _common.concrete_float(step_size)
+  if as_float is not None and not math.isfinite(as_float):
+    raise ValueError(f"step_size must be finite, got {as_float}")
+  return jnp.asarray(step_size, jnp.float32)
+
+
 def virtual_bias_gradient(
     fitness: jax.Array,
     seeds: jax.Array,
@@ -448,8 +548,12 @@ def virtual_bias_gradient(
 
 
 def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, implementation,
-              config, rank=None, rows=None):
-  """The gradient ops' dispatch; ``rows=(row0, n)`` (low rank): only those rows."""
+              config, rank=None, rows=None, update=None):
+  """The gradient ops' dispatch; ``rows=(row0, n)`` (low rank): only those rows.
+
+  ``update=(weight, step)`` (low-rank kernels only): ``weight + step * gradient``
+  (:func:`pallas_triton_low_rank.low_rank_gradient`).
+  """
   sigma = _common.check_sigma(sigma)
   pop_size = fitness.shape[0] if pop_size is None else _common.check_positive_int(
       pop_size, "pop_size")
@@ -470,7 +574,8 @@ def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, 
   if rank is not None:
     return _low_rank_kernels().low_rank_gradient(
         fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
-        rank=rank, config=config, interpret=implementation == "interpret", rows=rows)
+        rank=rank, config=config, interpret=implementation == "interpret", rows=rows,
+        update=update)
   if config is None:
     key = config_lib.noise_gradient_key(implementation, seeds.shape[0], shape, kind, antithetic,
                                         offset)

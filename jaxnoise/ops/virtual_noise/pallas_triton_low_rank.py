@@ -357,13 +357,17 @@ _DIMS_NT = (((1,), (1,)), ((), ()))
 _K_ALIGN = 64
 
 
-def _tile_products_kernel(a_ref, b_ref, out_ref, *, n_k: int, n_rows: int, n_cols: int,
-                          config: config_lib.LowRankGradientConfig, precision):
+def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: int,
+                          config: config_lib.LowRankGradientConfig, precision, update: bool):
   """One ``(block_rows, block_cols)`` tile of ``a b^T``, summed over ``k`` in ``block_k`` steps.
 
   The steps are the same for every tile (masked loads add exact zeros past the
   ends), so an element's value does not depend on where its tile lies.
+  ``update``: ``refs`` are ``(step_ref, weight_ref, out_ref)`` and the tile
+  stored is ``weight + step * acc`` in float32, rounded once to the weight's
+  dtype (the output aliases ``weight``).
   """
+  step_ref, weight_ref, out_ref = refs if update else (None, None) + refs
   block_rows, block_cols, block_k = config.block_rows, config.block_cols, config.block_k
   row0 = pl.program_id(0) * block_rows
   col0 = pl.program_id(1) * block_cols
@@ -390,32 +394,48 @@ def _tile_products_kernel(a_ref, b_ref, out_ref, *, n_k: int, n_rows: int, n_col
 
   acc = jax.lax.fori_loop(0, pl.cdiv(n_k, block_k), step,
                           jnp.zeros((block_rows, block_cols), _F32))
-  window = out_ref.at[pl.ds(row0, block_rows), pl.ds(col0, block_cols)]
-  if ragged_rows or ragged_cols:
-    _pallas.store(window, acc, mask=rows_ok[:, None] & cols_ok[None, :])
+  tile = (pl.ds(row0, block_rows), pl.ds(col0, block_cols))
+  mask = rows_ok[:, None] & cols_ok[None, :] if ragged_rows or ragged_cols else None
+  if update:
+    weight = (_pallas.load(weight_ref.at[tile]) if mask is None
+              else _pallas.load(weight_ref.at[tile], mask=mask, other=0))
+    acc = (weight.astype(_F32) + step_ref[0] * acc).astype(out_ref.dtype)
+  if mask is None:
+    _pallas.store(out_ref.at[tile], acc)
   else:
-    _pallas.store(window, acc)
+    _pallas.store(out_ref.at[tile], acc, mask=mask)
 
 
-def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=False):
+def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=False,
+                  update=None):
   """``a b^T`` (float32) for ``a`` ``(rows, k)`` and ``b`` ``(cols, k)``, tile by tile.
 
   Row tiles start at multiples of ``config.block_rows`` of ``a``'s rows.
+  ``update=(weight, step)`` (``weight`` ``(rows, cols)``, ``step`` a float32
+  ``(1,)``) returns ``weight + step * a b^T`` instead, formed in float32 in
+  each tile's epilogue and rounded once to ``weight``'s dtype; the output
+  aliases ``weight`` (in place where the caller donates it), so the product
+  is never stored.
   """
   n_rows, n_k = a.shape
   n_cols = b.shape[0]
   exact = a.dtype == _F32 and not config.tf32
   kernel = functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
-                             config=config,
+                             config=config, update=update is not None,
                              precision=jax.lax.Precision.HIGHEST if exact else None)
+  operands, out_dtype, aliases = (a, b), _F32, {}
+  if update is not None:
+    weight, step = update
+    operands, out_dtype, aliases = (a, b, step, weight), weight.dtype, {3: 0}
   return _pallas.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((n_rows, n_cols), _F32),
+      out_shape=jax.ShapeDtypeStruct((n_rows, n_cols), out_dtype),
       grid=(pl.cdiv(n_rows, config.block_rows), pl.cdiv(n_cols, config.block_cols)),
+      input_output_aliases=aliases,
       interpret=interpret,
       compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
-      name="virtual_low_rank_gradient",
-  )(a, b)
+      name="virtual_low_rank_update" if update is not None else "virtual_low_rank_gradient",
+  )(*operands)
 
 
 def tile_window(n_rows: int, rows: tuple[int, int] | None, block_rows: int) -> tuple[int, int]:
@@ -437,7 +457,7 @@ def tile_window(n_rows: int, rows: tuple[int, int] | None, block_rows: int) -> t
 
 
 def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic, rank,
-                      config=None, interpret=False, rows=None):
+                      config=None, interpret=False, rows=None, update=None):
   """GPU path of the low-rank weight-gradient estimate: factors, then :func:`tile_products`.
 
   A Pallas GEMM that generated the factors per output tile would hash each
@@ -452,7 +472,15 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
   (``config.xla_gemm``: one XLA GEMM per chunk instead). ``rows=(row0, n)``
   forms only those rows (:mod:`jaxnoise.parallel`) from the tiles that cover
   them (:func:`tile_window`), so they equal those rows of the whole gradient.
+
+  ``update=(weight, step)`` (``step`` a float32 scalar) returns ``weight +
+  step * gradient`` in ``weight``'s dtype, formed in float32 and rounded
+  once. Where one contraction covers the population and the tiles contract
+  (not ``xla_gemm``), the tiles add it in their epilogue (:func:`tile_products`):
+  the gradient is never stored, and the weight is read and written once.
   """
+  if update is not None and rows is not None:
+    raise ValueError("update and rows cannot be combined: update a shard with its own rows")
   if config is None:
     config = config_lib.LowRankGradientConfig()
   if not isinstance(config, config_lib.LowRankGradientConfig):
@@ -485,24 +513,34 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
                                  precision=None if config.tf32 else jax.lax.Precision.HIGHEST)
     return tile_products(a, b, config=config, interpret=interpret)
 
-  def partial(w_c, seed_c):
+  def operands(w_c, seed_c):
     # K-major operands, (rows, chunk * r) and (in, chunk * r): seeds and components last.
     seed_c = seed_c[None, :, None]
     q_a = noise_lib.unscaled_noise(seed_c, a_hi.T[:, None], a_lo.T[:, None], kind, high_word=high)
     q_b = noise_lib.unscaled_noise(seed_c, b_hi.T[:, None], b_lo.T[:, None], kind, high_word=high)
     a = (q_a * w_c[None, :, None]).astype(operand_dtype).reshape(hi - lo, -1)
-    b = q_b.astype(operand_dtype).reshape(in_features, -1)
+    return a, q_b.astype(operand_dtype).reshape(in_features, -1)
+
+  def partial(w_c, seed_c):
+    a, b = operands(w_c, seed_c)
     if config.xla_gemm:
-      # No fixed order to protect: XLA may fuse the update into the GEMM's epilogue
-      # (cuBLAS beta-add / Triton GEMM fusion), which saves a pass over the gradient.
+      # No fixed order to protect: XLA may fold what follows into the GEMM's epilogue (the
+      # cast to the parameters' dtype; an SGD step where nothing else reads the gradient).
       return contract(a, b)
     # Materialised operands and result: XLA fuses nothing into or out of the contraction.
     return jax.lax.optimization_barrier(contract(*jax.lax.optimization_barrier((a, b))))
 
   if chunk >= n:
-    pad = chunk - n
-    total = partial(jnp.pad(weights, (0, pad)), jnp.pad(pair_seeds, (0, pad)))
+    padded = jnp.pad(weights, (0, chunk - n)), jnp.pad(pair_seeds, (0, chunk - n))
+    if update is not None and not config.xla_gemm:
+      weight, step = update
+      return tile_products(*jax.lax.optimization_barrier(operands(*padded)), config=config,
+                           interpret=interpret, update=(weight, jnp.reshape(step, (1,))))
+    total = partial(*padded)
   else:
     total = reference._sum_chunks(  # pylint: disable=protected-access
         partial, chunk, n, jnp.zeros((hi - lo, in_features), _F32), weights, pair_seeds)
+  if update is not None:
+    weight, step = update
+    return (weight.astype(_F32) + step * total).astype(weight.dtype)
   return total[row0 - lo:row0 - lo + n_rows]
