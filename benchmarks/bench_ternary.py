@@ -34,7 +34,9 @@ case, and prints each row as it completes):
   elementwise kernel module. Every output is compared with the reference.
 * ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024 and 256)
   on 4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
-  then larger tiles, ``block_m`` and ``num_stages``. Each chained step reads
+  the kernels' own GEMM, XLA's GEMM by blocks of 256-2048 rows
+  (``FromIOConfig.xla_gemm_rows``), each with its temporary memory, and with
+  ``--from-io-sweep`` larger tiles, ``block_m`` and ``num_stages``. Each chained step reads
   its own ``(x, grad_out)`` (with shared inputs XLA formed the baseline's
   GEMM once per group: session 5's ratios were up to 2.2x too high).
 * ``tune``: the library's autotuners (:mod:`jaxnoise.ops.ternary.tuning`,
@@ -490,6 +492,12 @@ def check_cases(quick: bool) -> list[tuple]:
                    word_loads=False)
   cases.append((f"from_io variant M={large_io[0]} {large_io[1]}x{large_io[2]} {_short(config)}",
                 _check_from_io, dict(shape=large_io, dtype=bf16, lagged=False, config=config)))
+  # XLA's GEMM by row blocks, a ragged last block (float32: exact products).
+  for dtype, lagged in ((bf16, False), (f32, True)):
+    config = config_lib.FromIOConfig(xla_gemm_rows=max(1, large_io[1] // 3))
+    cases.append((f"from_io variant M={large_io[0]} {large_io[1]}x{large_io[2]} "
+                  f"{jnp.dtype(dtype).name} {_short(config)}", _check_from_io,
+                  dict(shape=large_io, dtype=dtype, lagged=lagged, config=config)))
   cases.append((f"decode / pack / unpack / init {mm_bytes[0]}x{mm_bytes[1]}",
                  _check_elementwise, dict(shape=mm_bytes)))
   return cases
@@ -842,6 +850,17 @@ def from_io_sweep_configs(shape) -> list:
   return list(dict.fromkeys(out))
 
 
+def from_io_cases(shape, sweep: bool) -> list:
+  """The heuristic, the kernels' own GEMM at its tiles, XLA's GEMM by row blocks, and
+  (``sweep``) the tile sweep."""
+  base = config_lib.FromIOConfig.get_heuristics_config(shape, jnp.bfloat16)
+  kernels = dataclasses.replace(base, xla_gemm_rows=None)
+  blocks = [dataclasses.replace(kernels, xla_gemm_rows=rows) for rows in (1024, 512, 2048, 256)
+            if rows < shape[1]]
+  sweep_configs = from_io_sweep_configs(shape)[1:] if sweep else []
+  return list(dict.fromkeys([base, kernels] + blocks + sweep_configs))
+
+
 def part_from_io(args, budget, out) -> None:
   interpret = args.quick
   out_features, in_features = (64, 16 * 40) if args.quick else (4096, 4096)
@@ -858,9 +877,8 @@ def part_from_io(args, budget, out) -> None:
 
   per_case = {}
   for m_rows in batches:
-    configs = from_io_sweep_configs((m_rows, out_features, in_features))
-    per_case[m_rows] = ["gemm_plus_update"] + (configs[:1] if args.quick or m_rows != batches[0]
-                                               else configs)
+    per_case[m_rows] = ["gemm_plus_update"] + from_io_cases(
+        (m_rows, out_features, in_features), sweep=args.from_io_sweep and m_rows == batches[0])
   inputs, dense_seconds, expected_of = {}, {}, {}
   for m_rows, config in _ranked(per_case):
     tag = f"M={m_rows} {out_features}x{in_features} bf16"
@@ -903,7 +921,7 @@ def part_from_io(args, budget, out) -> None:
       if busy is not None:
         row["device_s"] = busy["busy_ms"] / 1e3 / inner
         row["kernels_ms"] = {k: v / inner for k, v in busy["kernels"].items()}
-      if config == "gemm_plus_update" or config == per_case[m_rows][1]:
+      if config == "gemm_plus_update" or config.xla_gemm_rows or config == per_case[m_rows][1]:
         row["memory"] = memory(lambda p, s, v, x, g: fn(p, s, v, x, g, hyper_array(),
                                                          jnp.ones((1,), jnp.uint32)),
                                *make_state(state_key, out_features, in_features), x, grad_out)
@@ -1135,6 +1153,8 @@ def main(argv=None):
   parser.add_argument("--before-elementwise", default=None,
                       help="decode part: also time the elementwise kernel module at this path "
                            "(a frozen copy)")
+  parser.add_argument("--from-io-sweep", action="store_true",
+                      help="from_io part: also the tile sweep at the first M")
   parser.add_argument("--before", action="store_true",
                       help="update part: also time main's kernels (benchmarks/baseline_ternary)")
   args = parser.parse_args(argv)

@@ -151,3 +151,12 @@ def test_ternary_decode_benchmark_quick(tmp_path):
     rows = json.load(f)["result"]["cases"]
   kernels = {name: row for name, row in rows.items() if not name.endswith("copy")}
   assert kernels and all(row["mismatches"] == 0 for row in kernels.values()), rows
+
+
+def test_from_io_blocks_probe_quick(tmp_path):
+  """probe_from_io_blocks.py: every form of the row-block update agrees with the dense one."""
+  _run(tmp_path, "probe_from_io_blocks.py", "--quick")
+  with open(tmp_path / "probe_from_io_blocks.json") as f:
+    rows = json.load(f)["results"]
+  checked = [row["check"] for row in rows.values() if "check" in row]
+  assert len(checked) == len(rows) - 1 and all(c["within_spec"] for c in checked), rows

@@ -386,6 +386,87 @@ def test_counter_update_from_io_kernel_matches_reference(rng, implementation, dt
     assert_codes_close(dense.packed, expected.packed, "dense vs from_io")
 
 
+@pytest.mark.parametrize("implementation", KERNEL_IMPLS)
+@pytest.mark.parametrize("dtype,lagged", [(jnp.float32, False), (jnp.bfloat16, True)])
+def test_from_io_by_xla_gemm_row_blocks_is_the_dense_update(rng, implementation, dtype, lagged):
+  """``FromIOConfig(xla_gemm_rows=...)``: row blocks updated with the layer's draws.
+
+  Integer ``x`` and ``grad_out`` make ``grad_out^T x`` and the row statistics
+  exact in any summation order, so the blocks (a ragged last one included)
+  must give the dense-gradient update of the whole gradient: the same codes;
+  a block drawing its local rows' bits would not.
+  """
+  from jaxnoise.ops.ternary import pallas_triton_update as kernels  # pylint: disable=g-import-not-at-top
+  out_features, in_features, m_rows = int(rng.integers(20, 45)), 4 * int(rng.integers(5, 30)), 13
+  C = int(rng.integers(2, 12))
+  kwargs = hyper_kwargs(rng, C)
+  _, packed, scale, v = random_state(rng, out_features, in_features, C)
+  x = cast(rng.integers(-3, 4, size=(m_rows, in_features)), dtype)
+  grad_out = cast(rng.integers(-3, 4, size=(m_rows, out_features)), dtype)
+  dense = ternary.counter_update(
+      packed, scale, v, reference.io_weight_gradient(x, grad_out), lagged=lagged,
+      implementation=implementation, donate=False, **kwargs)
+  for rows in (7, out_features // 2, out_features, 4 * out_features):
+    config = config_lib.FromIOConfig(xla_gemm_rows=rows)
+    result = ternary.counter_update_from_io(packed, scale, v, x, grad_out, lagged=lagged,
+                                            implementation=implementation, config=config,
+                                            donate=False, **kwargs)
+    assert_same_update(result, dense, f"{rows=}")
+  assert (codes_of(dense.packed) != codes_of(packed)).mean() > 0.05
+  # With a 64-bit rounding index (forced here), the blocks draw the layer's bits too.
+  hyper = jnp.asarray([kwargs["lr"], kwargs["lr_scale"], kwargs["rms_beta"], kwargs["rms_eps"]],
+                      jnp.float32)
+  seed = jnp.asarray([kwargs["seed"]], jnp.uint32)
+  interpret = implementation == "interpret"
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(reference, "needs_high_word", lambda out_features, in_features: True)
+    blocks = kernels.counter_update_from_io(
+        packed, scale, v, x, grad_out, hyper, seed, C=C, lagged=lagged,
+        config=config_lib.FromIOConfig(xla_gemm_rows=7), interpret=interpret)
+    whole = kernels.counter_update(packed, scale, v, reference.io_weight_gradient(x, grad_out),
+                                   hyper, seed, C=C, lagged=lagged, interpret=interpret)
+  assert_same_update(blocks, whole, "high word")
+
+
+def assert_same_update(actual, expected, what: str) -> None:
+  """Codes and skipped rows equal; ``scale`` and ``v`` within an ulp or two (separate
+  programs may contract ``beta * v + (1 - beta) * mean`` into a multiply-add or not)."""
+  for name, a, b in zip(("packed", "scale", "v", "skipped"), actual, expected):
+    if name in ("scale", "v"):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=3e-7, err_msg=f"{name} {what}")
+    else:
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"{name} {what}")
+
+
+@pytest.mark.parametrize("high_word", [False, True])
+def test_update_kernel_row_block_updates_the_layer_rows(rng, monkeypatch, high_word):
+  """The dense kernel given rows ``[r0, r1)`` of the gradient and ``row_block`` starting at
+  ``r0`` updates those rows of the whole state as the whole update does, and keeps the others."""
+  from jaxnoise.ops.ternary import pallas_triton_update as kernels  # pylint: disable=g-import-not-at-top
+  if high_word:
+    monkeypatch.setattr(reference, "needs_high_word", lambda out_features, in_features: True)
+  out_features, in_features, C = 23, 4 * int(rng.integers(5, 14)), 6
+  _, packed, scale, v = random_state(rng, out_features, in_features, C)
+  grad = jnp.asarray(rng.normal(size=(out_features, in_features)), jnp.float32)
+  grad = grad.at[11].set(jnp.nan)  # A skipped row inside the block.
+  hyper = jnp.asarray([0.3, 0.01, 0.9, 1e-8], jnp.float32)
+  seed = jnp.asarray([int(rng.integers(0, 2**32))], jnp.uint32)
+  run = functools.partial(kernels.counter_update, hyper=hyper, seed=seed, C=C, lagged=False,
+                          interpret=True)
+  whole = run(packed, scale, v, grad)
+  r0, r1 = 9, 20
+  flags = jnp.full((out_features,), 7, jnp.int32)
+  part = run(packed, scale, v, grad[r0:r1], row_block=(jnp.int32(3), 3, flags))
+  for name, a, b, old in zip(("packed", "scale", "v", "skipped"), whole, part,
+                             (packed, scale, v, flags)):
+    a, b, old = np.asarray(a), np.asarray(b), np.asarray(old)
+    np.testing.assert_array_equal(b[r0:r1], a[r0:r1], err_msg=name)
+    np.testing.assert_array_equal(np.delete(b, np.s_[r0:r1], axis=0),
+                                  np.delete(old, np.s_[r0:r1], axis=0), err_msg=name)
+  assert np.asarray(whole[3])[11] and np.asarray(whole[3]).sum() == 1
+  assert (codes_of(whole[0])[r0:r1] != codes_of(packed)[r0:r1]).mean() > 0.05
+
+
 def test_64_bit_index_path_gives_the_same_bits(rng, monkeypatch):
   """Forcing the (hi, lo) index path (used above 2**32 weights) changes no bit."""
   from jaxnoise.ops.ternary import pallas_triton_update as kernels  # pylint: disable=g-import-not-at-top
@@ -1092,6 +1173,9 @@ def test_config_validation():
     config_lib.CounterUpdateConfig(num_warps=3)
   with pytest.raises(ValueError, match="block_m must be >= 16"):
     config_lib.FromIOConfig(block_m=8)
+  for rows in (0, -4, True, 2.0):
+    with pytest.raises(ValueError, match="xla_gemm_rows must be None or a positive int"):
+      config_lib.FromIOConfig(xla_gemm_rows=rows)
   with pytest.raises(ValueError, match="block_n must be >= 16"):
     config_lib.MatmulConfig(block_n=8)
   with pytest.raises(ValueError, match="block_groups must be >= 16 for method='dot'"):
@@ -1185,9 +1269,11 @@ def test_gpu_counter_update_matches_reference(rng, shape):
   grad_out = jnp.asarray(rng.normal(size=(333, out_features)), jnp.bfloat16)
   expected = ternary.counter_update_from_io(packed, scale, v, x, grad_out,
                                             implementation="reference", donate=False, **kwargs)
-  result = ternary.counter_update_from_io(packed, scale, v, x, grad_out, implementation="pallas",
-                                          donate=False, **kwargs)
-  assert_codes_close(result.packed, expected.packed, "gpu counter_update_from_io")
+  for config in (None, config_lib.FromIOConfig(xla_gemm_rows=384)):  # blocks: a ragged last one
+    result = ternary.counter_update_from_io(packed, scale, v, x, grad_out,
+                                            implementation="pallas", config=config,
+                                            donate=False, **kwargs)
+    assert_codes_close(result.packed, expected.packed, f"gpu counter_update_from_io {config}")
   y = ternary.ternary_matmul(x, packed, scale, C=C, implementation="pallas")
   y_ref = ternary.ternary_matmul(x, packed, scale, C=C, implementation="reference")
   np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(y_ref, np.float32),

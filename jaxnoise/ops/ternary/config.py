@@ -278,6 +278,21 @@ class FromIOConfig:
     word_loads: read the codes as uint32 words (three per 16 codes) when
       ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
       else three bytes per 4.
+    xla_gemm_rows: None (the default: the kernels form the gradient tile
+      by tile, and no dense gradient exists), or a row count: XLA's GEMM
+      forms ``xla_gemm_rows`` output rows of the gradient at a time (float32)
+      and the dense-gradient kernel of
+      :func:`jaxnoise.ops.ternary.counter_update` updates those rows of the
+      state in place, one block after another in a ``fori_loop``. The GEMM
+      runs once and at XLA's speed, where the kernels form every tile twice
+      (statistics, then update) for rows longer than one tile; the temporary
+      memory is one block's gradient (``xla_gemm_rows * in * 4`` bytes), its
+      columns of ``grad_out`` and XLA's GEMM workspace, not the whole
+      ``(out, in)`` gradient. On an H200 (4096x4096 bf16, session 21 in
+      ``benchmarks/RESULTS.md``) 1024 rows took 1.19x of XLA's GEMM plus the
+      update at M = 4096 with 56 MiB of temporaries (the kernels: 1.86x with
+      0.5 MiB; GEMM plus update: 96 MiB); the saving grows with the layer's
+      height. The tile fields above do not apply.
   """
 
   block_rows: int = 32
@@ -287,6 +302,7 @@ class FromIOConfig:
   num_stages: int = 3
   allow_tf32: bool = False
   word_loads: bool = True
+  xla_gemm_rows: int | None = None
 
   def __post_init__(self):
     _check_pow2(self, ("block_rows", "block_groups", "block_m"))
@@ -298,6 +314,10 @@ class FromIOConfig:
     for name in ("allow_tf32", "word_loads"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"FromIOConfig.{name} must be a bool, got {getattr(self, name)!r}")
+    rows = self.xla_gemm_rows
+    if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows <= 0):
+      raise ValueError(f"FromIOConfig.xla_gemm_rows must be None or a positive int, "
+                       f"got {rows!r}")
 
   def fused(self, in_features: int) -> bool:
     """True when one tile spans whole rows: statistics and update in one kernel."""

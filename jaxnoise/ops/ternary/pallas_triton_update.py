@@ -63,6 +63,13 @@ rows), one kernel forms the tile, reduces the row statistics and updates it.
 Otherwise a statistics kernel writes per-tile partial sums, the per-row
 scalars are formed in XLA, and an update kernel recomputes each tile and
 updates its codes: two GEMM-equivalents of work, no dense gradient.
+
+With ``FromIOConfig.xla_gemm_rows`` XLA's GEMM forms a block of rows at a
+time instead and the dense-gradient kernel updates those rows of the whole
+state in place (its ``row_block``: the block index is an operand, the
+skipped flags are the layer's, aliased), so a ``fori_loop`` over the blocks
+copies no state. Session 21 measured the form that sliced the state per
+block: 30-156 us of device copies per call at 4096x4096.
 """
 
 from __future__ import annotations
@@ -148,20 +155,31 @@ def _tick_lanes(stream, rows, units, centers, grads, ratio, step, *, C, codes_pe
           for (center, shift), grad, u in zip(centers, grads, draws)]
 
 
-def _counter_update_kernel(hyper_ref, words_ref, grad_ref, packed_ref, scale_ref, v_ref,
-                           packed_out_ref, scale_out_ref, v_out_ref, skipped_ref, *, C, lagged,
+def _counter_update_kernel(hyper_ref, words_ref, grad_ref, *refs, C, lagged,
                            layout: UnitLayout, n_rows, n_units, block_rows, chunks, loop_units,
-                           vector, bf16_pairs, high_word, interpret):
-  """One program: ``block_rows`` whole rows, in static chunks (or a two-pass loop)."""
+                           vector, bf16_pairs, high_word, row_block, interpret):
+  """One program: ``block_rows`` whole rows, in static chunks (or a two-pass loop).
+
+  Gradient rows ``r`` update state rows ``r + base``: ``base`` is 0, or with
+  ``row_block`` (the rows of a layer's block) ``block_index_ref[0] *
+  row_block``, where the state (``skipped`` included) is the whole layer's.
+  """
+  if row_block:
+    (block_index_ref, packed_ref, scale_ref, v_ref, _, packed_out_ref, scale_out_ref, v_out_ref,
+     skipped_ref) = refs
+  else:
+    packed_ref, scale_ref, v_ref, packed_out_ref, scale_out_ref, v_out_ref, skipped_ref = refs
   r0 = pl.program_id(0) * block_rows
   traced_zero = r0 * 0
   rows = r0 + _iota(block_rows)
   row_mask = rows < n_rows
+  s0 = r0 + block_index_ref[0] * row_block if row_block else r0  # the first state row
+  state_rows = s0 + _iota(block_rows) if row_block else rows
   hyper = _read_hyper(hyper_ref)
   stream = _read_stream(words_ref)
   bias_bits = words_ref[3]
-  scale = _load_vector(scale_ref, r0, block_rows, row_mask, 1.0)
-  v = _load_vector(v_ref, r0, block_rows, row_mask, 0.0)
+  scale = _load_vector(scale_ref, s0, block_rows, row_mask, 1.0)
+  v = _load_vector(v_ref, s0, block_rows, row_mask, 0.0)
   per_unit = layout.codes
   in_features = per_unit * n_units
 
@@ -176,7 +194,7 @@ def _counter_update_kernel(hyper_ref, words_ref, grad_ref, packed_ref, scale_ref
       u0 = u0 + traced_zero
     units = u0 + _iota(size)
     mask = None if whole else row_mask[:, None] & (units < n_units)[None, :]
-    fields = load_unit_fields(packed_ref, r0, block_rows, u0, size, mask)
+    fields = load_unit_fields(packed_ref, s0, block_rows, u0, size, mask)
     if bf16_pairs:
       words = load_dense_lanes(grad_ref, r0, block_rows, u0, size, per_unit // 2, vector, mask)
       return u0, units, mask, fields, widen_bfloat16_pairs(words)
@@ -186,9 +204,9 @@ def _counter_update_kernel(hyper_ref, words_ref, grad_ref, packed_ref, scale_ref
   def finish_rows(sum_sq, sum_gt):
     scale_new, v_new, ratio, step, active = ref_lib.row_update(
         sum_sq, sum_gt, scale, v, hyper, in_features=in_features, C=C, lagged=lagged)
-    _store_vector(scale_out_ref, r0, block_rows, scale_new, row_mask)
-    _store_vector(v_out_ref, r0, block_rows, v_new, row_mask)
-    _store_vector(skipped_ref, r0, block_rows, (~active).astype(_I32), row_mask)
+    _store_vector(scale_out_ref, s0, block_rows, scale_new, row_mask)
+    _store_vector(v_out_ref, s0, block_rows, v_new, row_mask)
+    _store_vector(skipped_ref, s0, block_rows, (~active).astype(_I32), row_mask)
     return ratio[:, None], step[:, None], active[:, None]
 
   def update(size, u0, units, mask, fields, grads, ratio, step, active):
@@ -197,12 +215,12 @@ def _counter_update_kernel(hyper_ref, words_ref, grad_ref, packed_ref, scale_ref
     # multiprocessor (95 registers against 80); loading the fields again made the
     # kernel wait on memory.
     centers = unit_centers([opaque_copy(f, interpret) for f in fields], layout, C, bias_bits)
-    new_codes = _tick_lanes(stream, rows, units, centers, grads, ratio, step, C=C,
+    new_codes = _tick_lanes(stream, state_rows, units, centers, grads, ratio, step, C=C,
                             codes_per_unit=per_unit, in_features=in_features,
                             high_word=high_word, interpret=interpret)
     # Skipped rows are not written: the codes are updated in place, so they keep theirs.
     store_mask = jnp.broadcast_to(active, (block_rows, size)) if mask is None else mask & active
-    store_unit_codes(packed_out_ref, r0, block_rows, u0, size, new_codes, store_mask, layout)
+    store_unit_codes(packed_out_ref, s0, block_rows, u0, size, new_codes, store_mask, layout)
 
   if loop_units is None:
     # The whole row in registers: one read of the gradient and the codes.
@@ -234,7 +252,8 @@ def _counter_update_kernel(hyper_ref, words_ref, grad_ref, packed_ref, scale_ref
 
 
 def counter_update(packed, scale, v, grad_w, hyper, seed, *, C: int, lagged: bool,
-                   config: CounterUpdateConfig | None = None, interpret: bool = False):
+                   config: CounterUpdateConfig | None = None, interpret: bool = False,
+                   row_block=None):
   """Kernel of :func:`jaxnoise.ops.ternary.counter_update`.
 
   Args:
@@ -248,11 +267,20 @@ def counter_update(packed, scale, v, grad_w, hyper, seed, *, C: int, lagged: boo
     lagged: denominator from the previous ``v``.
     config: tiling (None: heuristic).
     interpret: run through the Pallas interpreter.
+    row_block: None, or ``(index, rows, skipped)``: ``packed``, ``scale`` and
+      ``v`` are then a whole layer's state, ``grad_w`` the gradient of its
+      rows from ``index * rows`` (``index`` an int32 scalar, may be traced;
+      ``rows`` an int) and ``skipped`` the layer's ``(layer_rows,)`` int32
+      flags. The kernel updates those rows in place, with the layer's
+      rounding draws, and keeps the others. The caller keeps the rows inside
+      the layer.
 
   Returns:
-    ``(packed, scale, v, skipped)`` with ``skipped`` an ``(out,)`` bool.
+    ``(packed, scale, v, skipped)``: ``skipped`` an ``(out,)`` bool, or with
+    ``row_block`` the layer's int32 flags.
   """
   out_features, in_features = grad_w.shape
+  layer_rows = scale.shape[0]
   if check_config(config, CounterUpdateConfig) is None:
     config = CounterUpdateConfig.get_heuristics_config(grad_w.shape, grad_w.dtype)
   layout = unit_layout(in_features, config.uses_words(in_features))
@@ -281,21 +309,28 @@ def counter_update(packed, scale, v, grad_w, hyper, seed, *, C: int, lagged: boo
       _counter_update_kernel, C=C, lagged=lagged, layout=layout, n_rows=out_features,
       n_units=n_units, block_rows=config.block_rows, chunks=unit_chunks, loop_units=loop_units,
       vector=vector, bf16_pairs=bf16_pairs,
-      high_word=ref_lib.needs_high_word(out_features, in_features),
-      interpret=interpret)
+      high_word=ref_lib.needs_high_word(layer_rows, in_features),
+      row_block=row_block[1] if row_block else None, interpret=interpret)
   units = packed_units(packed, layout)
   out_shape = (
       jax.ShapeDtypeStruct(units.shape, units.dtype),
-      jax.ShapeDtypeStruct((out_features,), _F32),
-      jax.ShapeDtypeStruct((out_features,), _F32),
-      jax.ShapeDtypeStruct((out_features,), _I32),
+      jax.ShapeDtypeStruct((layer_rows,), _F32),
+      jax.ShapeDtypeStruct((layer_rows,), _F32),
+      jax.ShapeDtypeStruct((layer_rows,), _I32),
   )
+  operands = (hyper, ref_lib.kernel_words(seed), grad_units, units, scale, v)
+  aliases = {3: 0, 4: 1, 5: 2}
+  if row_block:
+    index, _, skipped = row_block
+    operands = (*operands[:3], jnp.asarray(index, _I32).reshape(1), *operands[3:], skipped)
+    aliases = {4: 0, 5: 1, 6: 2, 7: 3}
   new_units, new_scale, new_v, skipped = _call(
       kernel, name="ternary_counter_update", grid=(_cdiv(out_features, config.block_rows),),
-      out_shape=out_shape, config=config, interpret=interpret,
-      input_output_aliases={3: 0, 4: 1, 5: 2},
-  )(hyper, ref_lib.kernel_words(seed), grad_units, units, scale, v)
-  return (packed_bytes(new_units, layout), new_scale, new_v, skipped.astype(jnp.bool_))
+      out_shape=out_shape, config=config, interpret=interpret, input_output_aliases=aliases,
+  )(*operands)
+  if row_block:
+    return packed_bytes(new_units, layout), new_scale, new_v, skipped
+  return packed_bytes(new_units, layout), new_scale, new_v, skipped.astype(jnp.bool_)
 
 
 # ----------------------------------------------------------------------------
@@ -427,6 +462,11 @@ def counter_update_from_io(packed, scale, v, x, grad_out, hyper, seed, *, C: int
     config = FromIOConfig.get_heuristics_config(
         (m_rows, out_features, in_features), jnp.promote_types(x.dtype, grad_out.dtype))
   compute_dtype, precision = _dot_setup(x.dtype, grad_out.dtype, config.allow_tf32)
+  if config.xla_gemm_rows is not None:
+    return _from_io_by_row_blocks(
+        packed, scale, v, x.astype(compute_dtype), grad_out.astype(compute_dtype), hyper, seed,
+        C=C, lagged=lagged, block=min(config.xla_gemm_rows, out_features), precision=precision,
+        interpret=interpret)
   high_word = ref_lib.needs_high_word(out_features, in_features)
   layout = unit_layout(in_features, config.word_loads and config.block_groups >= 4)
   n_units = in_features // layout.codes
@@ -470,3 +510,33 @@ def counter_update_from_io(packed, scale, v, x, grad_out, hyper, seed, *, C: int
       interpret=interpret, input_output_aliases={6: 0},
   )(ref_lib.kernel_words(seed), x, grad_out, ratio, step, active.astype(_I32), units)
   return packed_bytes(new_units, layout), new_scale, new_v, ~active
+
+
+def _from_io_by_row_blocks(packed, scale, v, x, grad_out, hyper, seed, *, C: int, lagged: bool,
+                           block: int, precision, interpret: bool):
+  """``FromIOConfig.xla_gemm_rows``: XLA's GEMM forms ``block`` rows of the gradient at a
+  time, the dense-gradient kernel updates those rows of the whole state in place.
+
+  Rows are independent (each has its own statistics, scale and ``v``, and the
+  kernel draws at the layer's row), so the blocks give the update of the whole
+  gradient. A ``fori_loop`` walks the whole blocks (one kernel compile however
+  tall the layer, and one block's gradient alive at a time), and a ragged last
+  block runs once after it.
+  """
+  out_features = grad_out.shape[1]
+
+  def update_rows(index, size, state):
+    block_grad_out = jax.lax.dynamic_slice_in_dim(grad_out, index * block, size, axis=1)
+    gradient = jax.lax.dot_general(block_grad_out, x, _DIMS_TN, precision=precision,
+                                   preferred_element_type=_F32)
+    packed, scale, v, skipped = state
+    return counter_update(packed, scale, v, gradient, hyper, seed, C=C, lagged=lagged,
+                          interpret=interpret, row_block=(index, block, skipped))
+
+  n_whole = out_features // block
+  state = (packed, scale, v, jnp.zeros((out_features,), _I32))
+  state = jax.lax.fori_loop(0, n_whole, lambda i, s: update_rows(i, block, s), state)
+  if out_features % block:
+    state = update_rows(n_whole, out_features % block, state)
+  packed, scale, v, skipped = state
+  return packed, scale, v, skipped.astype(jnp.bool_)
