@@ -116,11 +116,89 @@ def cases(only):
           ternary_kernels.counter_update, C=11, lagged=False, config=config),
           dict(packed=packed, scale=row, v=row, grad_w=spec(shape, dtype), hyper=hyper,
                seed=seed)))
+  out += low_rank_cases() + ternary_cases()
   # Every op at its three offsets before the next op, so a spent budget still
   # leaves complete comparisons.
   out.sort(key=lambda case: (case[0].rsplit(" ", 1)[0].split(" ")[0] != "forward",
                              case[0].rsplit(" ", 1)[0]))
   return [c for c in out if not only or c[0].split()[0] in only]
+
+
+def low_rank_cases(implementation: str = "pallas"):
+  """The low-rank kernels through the public API (``implementation``), at every
+  kind, offset and ranks 1 and 4: the fused forward (per-individual ``x``, one row per
+  member, antithetic: the Mosaic GPU GEMM on a Hopper GPU up to rank 4), the Triton
+  forward (shared ``x``), its VJP, the gradient estimate and the SGD step."""
+  spec = jax.ShapeDtypeStruct
+  bf16, f32 = jnp.bfloat16, jnp.float32
+  sigma = spec((), f32)
+  out = []
+  for kind in ("uniform", "normal", "rademacher", "binomial"):
+    for offset in OFFSETS:
+      for rank in (1, 4):
+        tag = f"{kind} r{rank} {offset}"
+        pairs = dict(seeds=spec((256,), jnp.uint32), sigma=sigma)
+        common = dict(offset=offset, kind=kind, rank=rank, implementation=implementation)
+        out.append((f"lr_fused_forward {tag}", functools.partial(
+            jaxnoise.virtual_perturbed_linear, bias=None, antithetic=True, **common),
+            dict(x=spec((256, 1, 1024), bf16), weight=spec((1024, 1024), bf16), **pairs)))
+        shared = functools.partial(jaxnoise.virtual_perturbed_linear, bias=None,
+                                   antithetic=False, **common)
+        members = dict(seeds=spec((64,), jnp.uint32), sigma=sigma)
+        out.append((f"lr_forward {tag}", shared,
+                    dict(x=spec((64, 1024), bf16), weight=spec((1024, 1024), bf16), **members)))
+
+        def vjp(x, weight, seeds, sigma, forward=shared):
+          loss = lambda x, w: jnp.sum(forward(x=x, weight=w, seeds=seeds, sigma=sigma))  # noqa: E731
+          return jax.grad(loss, argnums=(0, 1))(x, weight)
+
+        out.append((f"lr_vjp {tag}", vjp,
+                    dict(x=spec((64, 1024), f32), weight=spec((1024, 1024), f32), **members)))
+        out.append((f"lr_gradient {tag}", functools.partial(
+            jaxnoise.virtual_weight_gradient, weight_shape=(1024, 1024), antithetic=True,
+            **common), dict(fitness=spec((256,), f32), **pairs)))
+        out.append((f"lr_weight_update {tag}", functools.partial(
+            jaxnoise.virtual_weight_update, antithetic=True, **common),
+            dict(weight=spec((1024, 1024), bf16), fitness=spec((256,), f32),
+                 step_size=spec((), f32), **pairs)))
+  return out
+
+
+def ternary_cases(implementation: str = "pallas"):
+  """The packed matmul (its tile methods by rows), its input gradient, the decode kernel and
+  ``counter_update_from_io`` (fused, two kernels, row blocks), with the 64-bit rounding
+  index where ``out * in > 2**32``. Ternary kernels take no noise offset. ``implementation``
+  applies to the public ops (the matmul, its gradient, the decode); ``from_io`` cases call
+  the kernels."""
+  spec = jax.ShapeDtypeStruct
+  bf16, f32, u8 = jnp.bfloat16, jnp.float32, jnp.uint8
+  out = []
+  matrix = lambda o, i: dict(packed=spec((o, 3 * i // 4), u8), scale=spec((o,), f32))  # noqa: E731
+  matmul = functools.partial(jaxnoise.ternary_matmul, C=11, implementation=implementation)
+  for m_rows in (1, 2, 16, 256):
+    out.append((f"ternary_matmul M={m_rows} 4096x4096", matmul,
+                dict(x=spec((m_rows, 4096), bf16), **matrix(4096, 4096))))
+  for m_rows in (1, 256):
+    def input_grad(x, packed, scale):
+      return jax.grad(lambda x: jnp.sum(matmul(x, packed, scale).astype(f32)))(x)
+    out.append((f"ternary_input_grad M={m_rows} 4096x4096", input_grad,
+                dict(x=spec((m_rows, 4096), bf16), **matrix(4096, 4096))))
+  out.append(("ternary_decode 4096x4096", functools.partial(
+      jaxnoise.ternary_decode, C=11, dtype=bf16, implementation=implementation),
+      matrix(4096, 4096)))
+  hyper, seed = spec((4,), f32), spec((1,), jnp.uint32)
+  for (m_rows, o, i), config in (
+      ((29, 48, 148), None), ((256, 4096, 4096), None),
+      ((256, 4096, 4096), ternary_config.FromIOConfig(xla_gemm_rows=1024)),
+      ((16, 65536, 65540), None),
+      ((16, 65536, 65540), ternary_config.FromIOConfig(xla_gemm_rows=1024))):
+    name = "kernels" if config is None else f"rows {config.xla_gemm_rows}"
+    state = matrix(o, i)
+    out.append((f"from_io {name} M={m_rows} {o}x{i}", functools.partial(
+        ternary_kernels.counter_update_from_io, C=11, lagged=False, config=config),
+        dict(**state, v=spec((o,), f32), x=spec((m_rows, i), bf16),
+             grad_out=spec((m_rows, o), bf16), hyper=hyper, seed=seed)))
+  return out
 
 
 def _zeros(tree):

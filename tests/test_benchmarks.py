@@ -160,3 +160,19 @@ def test_from_io_blocks_probe_quick(tmp_path):
     rows = json.load(f)["results"]
   checked = [row["check"] for row in rows.values() if "check" in row]
   assert len(checked) == len(rows) - 1 and all(c["within_spec"] for c in checked), rows
+
+
+def test_compile_probe_cases_trace():
+  """compile_probe.py's public-API cases (GPU-only kernels) trace with the reference ops."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  try:
+    import compile_probe  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  import jax  # pylint: disable=g-import-not-at-top
+  cases = compile_probe.low_rank_cases("reference") + compile_probe.ternary_cases("reference")
+  names = [name for name, _, _ in cases]
+  assert len(names) == len(set(names)) and len(names) > 100
+  for name, fn, kwargs in cases:
+    if not name.startswith("from_io"):  # Kernel calls: lowered on a CPU by --ir-only.
+      jax.eval_shape(lambda kw, fn=fn: fn(**kw), kwargs)
