@@ -176,3 +176,11 @@ def test_compile_probe_cases_trace():
   for name, fn, kwargs in cases:
     if not name.startswith("from_io"):  # Kernel calls: lowered on a CPU by --ir-only.
       jax.eval_shape(lambda kw, fn=fn: fn(**kw), kwargs)
+
+
+def test_update_warps_probe_quick(tmp_path):
+  """probe_update_warps.py: every warps choice it times passes the reference screen."""
+  _run(tmp_path, "probe_update_warps.py", "--quick")
+  with open(tmp_path / "probe_update_warps.json") as f:
+    rows = json.load(f)["results"]
+  assert rows and all(row["check"]["within_spec"] for row in rows.values()), rows

@@ -198,14 +198,18 @@ class CounterUpdateConfig:
     ragged rows are cut into a power-of-2 chunk and a tail (``in = 2304``:
     2048 + 256 inputs) instead of being masked up to the next power of 2.
     Warps follow the compiled sweep (H200, jax 0.11.2, 2026-12-01,
-    ``benchmarks/results/2026-12-01-h200-s5/ternary_run2``).
+    ``benchmarks/results/2026-12-01-h200-s5/ternary_run2``); 16-bit gradients
+    take 4 where float32 ones take 8 (2026-12-04, session 21 run 6: 5-8% less
+    time at 8192^2, 4096^2, 11008x4096 and 1000x3996 in bfloat16; float32 was
+    mixed, -1.6% to +2.6%).
 
     Example:
       >>> config = CounterUpdateConfig.get_heuristics_config((4096, 4096))
       >>> config.block_rows, config.block_groups, config.num_warps
       (1, 1024, 8)
+      >>> CounterUpdateConfig.get_heuristics_config((4096, 4096), "bfloat16").num_warps
+      4
     """
-    del dtype  # The per-thread footprint is in groups; itemsize only scales bytes.
     out_features, in_features = (int(d) for d in shape)
     groups = max(1, in_features // 4)
     if groups > cls.MAX_RESIDENT_GROUPS:
@@ -234,7 +238,11 @@ class CounterUpdateConfig:
       slots = sum(-(-block_rows * max(1, size // per_unit) // threads) for _, size in chunks)
       used = block_rows * groups / per_unit
       cost[words] = per_weight * slots * threads / used
-    return dataclasses.replace(config, word_loads=min(cost, key=cost.get))
+    config = dataclasses.replace(config, word_loads=min(cost, key=cost.get))
+    if jnp.dtype(dtype).itemsize == 2 and config.num_warps == 8:
+      # The layout stays the one chosen for 8 warps: the configs measured.
+      config = dataclasses.replace(config, num_warps=4)
+    return config
 
   @classmethod
   def candidates(cls, shape: Sequence[int], dtype: Any = jnp.float32
