@@ -34,7 +34,7 @@ case, and prints each row as it completes):
   elementwise kernel module. Every output is compared with the reference.
 * ``from_io``: :func:`counter_update_from_io` at M = 4096 (then 1024 and 256)
   on 4096x4096 bf16 against an XLA GEMM plus the fused update: the heuristic,
-  the kernels' own GEMM, XLA's GEMM by blocks of 256-2048 rows
+  (the kernels' own GEMM), XLA's GEMM by blocks of 256-2048 rows
   (``FromIOConfig.xla_gemm_rows``), each with its temporary memory, and with
   ``--from-io-sweep`` larger tiles, ``block_m`` and ``num_stages``. Each chained step reads
   its own ``(x, grad_out)`` (with shared inputs XLA formed the baseline's
@@ -851,14 +851,13 @@ def from_io_sweep_configs(shape) -> list:
 
 
 def from_io_cases(shape, sweep: bool) -> list:
-  """The heuristic, the kernels' own GEMM at its tiles, XLA's GEMM by row blocks, and
-  (``sweep``) the tile sweep."""
+  """The heuristic (the kernels' own GEMM), XLA's GEMM by row blocks, and (``sweep``) the
+  tile sweep."""
   base = config_lib.FromIOConfig.get_heuristics_config(shape, jnp.bfloat16)
-  kernels = dataclasses.replace(base, xla_gemm_rows=None)
-  blocks = [dataclasses.replace(kernels, xla_gemm_rows=rows) for rows in (1024, 512, 2048, 256)
+  blocks = [dataclasses.replace(base, xla_gemm_rows=rows) for rows in (1024, 512, 2048, 256)
             if rows < shape[1]]
   sweep_configs = from_io_sweep_configs(shape)[1:] if sweep else []
-  return list(dict.fromkeys([base, kernels] + blocks + sweep_configs))
+  return list(dict.fromkeys([base] + blocks + sweep_configs))
 
 
 def part_from_io(args, budget, out) -> None:

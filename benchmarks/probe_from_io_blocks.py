@@ -31,7 +31,6 @@ import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
 import bench_ternary as bench  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxnoise.ops.ternary import config as config_lib  # noqa: E402
 from jaxnoise.ops.ternary import pallas_triton_update as kernels  # noqa: E402
-from jaxnoise.ops.ternary.pallas_triton import _dot_setup  # noqa: E402
 
 
 def forms(m_rows: int, interpret: bool) -> dict:
@@ -43,19 +42,12 @@ def forms(m_rows: int, interpret: bool) -> dict:
     return kernels.counter_update(packed, scale, v, grad, hyper, seed, C=C, lagged=False,
                                   interpret=interpret)
 
-  def by_blocks(rows):
-    def fn(packed, scale, v, x, grad_out, hyper, seed):
-      _, precision = _dot_setup(x.dtype, grad_out.dtype, False)
-      return kernels._from_io_by_row_blocks(  # pylint: disable=protected-access
-          packed, scale, v, x, grad_out, hyper, seed, C=C, lagged=False,
-          block=min(rows, grad_out.shape[1]), precision=precision, interpret=interpret)
-    return fn
-
-  out = {"gemm_plus_update": gemm_plus_update,
-         "kernels (heuristic)": functools.partial(kernels.counter_update_from_io, C=C,
-                                                  lagged=False, interpret=interpret)}
+  from_io = functools.partial(kernels.counter_update_from_io, C=C, lagged=False,
+                              interpret=interpret)
+  out = {"gemm_plus_update": gemm_plus_update, "kernels (heuristic)": from_io}
   for rows in ((16,) if interpret else (512, 1024, 2048)):
-    out[f"rows={rows}"] = by_blocks(rows)
+    out[f"rows={rows}"] = functools.partial(
+        from_io, config=config_lib.FromIOConfig(xla_gemm_rows=rows))
   return out
 
 
