@@ -726,6 +726,60 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   return list(dict.fromkeys(out))
 
 
+def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
+  """The heuristic, then dot tiles with the code lanes joined into one tile of ``t``
+  (``MatmulConfig.interleave_lanes``: one dot per step on ``x`` as it is), ``t`` on the
+  right or on the left (``weights_lhs``: Hopper's warpgroup MMA reads it from registers).
+
+  Decode-sized ``M`` (<= 16): 16-row tiles of 32-128 outputs, 128-512 inputs
+  per step, 1-16 steps per program (``in`` split for the rest), beside the
+  per-lane dot tiles. ``M`` from 17 to 64: sessions 6-21's per-lane tiles and
+  decode next. ``M > 16``: GEMM tiles with ``t`` on the left (its
+  64-128 outputs the MMA's rows, 64-256 rows of ``x`` its columns), one with
+  ``t`` on the right; software pipelines of 1-3 stages.
+  """
+  m_rows, out_features, in_features = shape
+  M = config_lib.MatmulConfig
+  base = M.get_heuristics_config(shape, dtype)
+  out = [base]
+  n_groups = max(1, in_features // 4)
+
+  def tiles(block_m, block_n, groups, warps, stages, steps_per_program, lhs):
+    steps = -(-n_groups // groups)
+    split = -(-steps // steps_per_program)
+    return M(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
+             num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=lhs)
+
+  if m_rows <= 16:
+    out.append(M(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
+                 split_k=-(-n_groups // 128)))  # sessions 6-21's heuristic from 5 rows
+    # Run 2 (session 22): one step per program was the rule; every config with 2-4 steps and a
+    # 2-3 stage pipeline took 2-3x longer. Run 3: several steps without a pipeline.
+    out += [tiles(16, *t) for t in [
+        (64, 128, 4, 3, 1, True), (64, 64, 4, 1, 1, True), (64, 64, 4, 1, 2, True),
+        (64, 64, 4, 1, 4, True), (64, 64, 4, 1, 16, True), (32, 64, 4, 1, 16, True),
+        (128, 64, 8, 1, 1, True), (64, 32, 4, 1, 1, True), (64, 64, 4, 2, 4, True),
+        (64, 128, 4, 3, 1, False)]]
+  else:
+    if m_rows <= 64:  # sessions 6-21's heuristic from 17 to 63 rows (per-lane dots), decode
+      block_m = max(16, config_lib.next_power_of_2(m_rows))
+      steps = -(-n_groups // 32)
+      split = min(steps, config_lib.next_power_of_2(max(1, 256 // -(-out_features // 64))))
+      out += [M(block_m=block_m, block_n=64, block_groups=32, num_warps=4, num_stages=3,
+                split_k=split), M(method="decode")]
+    for block_m, block_n, groups, warps, stages, lhs in [
+        (128, 128, 16, 8, 1, True), (128, 128, 16, 8, 2, True), (128, 128, 32, 8, 1, True),
+        (128, 64, 16, 4, 1, True), (64, 128, 16, 8, 1, True), (256, 128, 16, 8, 1, True),
+        (128, 128, 16, 8, 3, True), (128, 128, 16, 8, 1, False)]:
+      block_m = min(block_m, max(16, config_lib.next_power_of_2(m_rows)))
+      n_tiles = -(-m_rows // block_m) * -(-out_features // block_n)
+      steps = -(-n_groups // groups)
+      split = min(steps, config_lib.next_power_of_2(max(1, 132 // n_tiles))) if n_tiles < 132 else 1
+      out.append(M(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
+                   num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=lhs))
+  return list(dict.fromkeys(out))
+
+
 def part_matmul(args, budget, out) -> None:
   interpret = args.quick
   x_dtype = jnp.dtype(args.x_dtype)
@@ -774,7 +828,8 @@ def part_matmul(args, budget, out) -> None:
   per_case = {}
   for m_rows, shape in cases:
     if forward:
-      configs = matmul_sweep_configs((m_rows,) + shape, x_dtype)
+      sweep = interleave_sweep_configs if args.sweep == "interleave" else matmul_sweep_configs
+      configs = sweep((m_rows,) + shape, x_dtype)
     else:  # (M, in, out)
       configs = config_lib.MatmulConfig.input_grad_candidates((m_rows, shape[1], shape[0]),
                                                                x_dtype)
@@ -1144,6 +1199,9 @@ def main(argv=None):
                       help="matmul part: the config --before-matmul's kernels run at (session "
                            "5's heuristic, or today's); session10: today's kernels at session "
                            "10's configs (no --before-matmul needed)")
+  parser.add_argument("--sweep", choices=("default", "interleave"), default="default",
+                      help="matmul part, forward: the configs (interleave: dot tiles with the "
+                           "code lanes joined, interleave_sweep_configs)")
   parser.add_argument("--op", choices=("forward", "input_grad"), default="forward",
                       help="matmul part: the forward or the input gradient")
   parser.add_argument("--before-update", default=None,

@@ -24,7 +24,9 @@ per weight.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
+import dataclasses
 import pathlib
 import re
 import sys
@@ -133,6 +135,7 @@ def matmul_case(args):
   dtype = jnp.dtype(args.dtype)
   config = config_lib.MatmulConfig.get_heuristics_config((m_rows, out_features, in_features),
                                                          dtype)
+  config = dataclasses.replace(config, **_overrides(args.set))
 
   def fn(x, packed, scale):
     return pallas_triton_matmul.ternary_matmul(x, packed, scale, C=11, out_dtype=dtype,
@@ -183,6 +186,15 @@ def decode_case(args):
   return fn, shapes, config, config.block_rows * 4 * config.block_groups
 
 
+def _overrides(pairs) -> dict:
+  """``["block_n=64", "interleave_lanes=True"]`` -> ``{"block_n": 64, ...}`` (Python literals)."""
+  out = {}
+  for pair in pairs or ():
+    name, _, value = pair.partition("=")
+    out[name.strip()] = ast.literal_eval(value.strip())
+  return out
+
+
 CASES = {"counter_update": counter_update_case, "decode": decode_case,
          "low_rank": low_rank_case, "matmul": matmul_case,
          "matmul_input_grad": matmul_input_grad_case, "reduce_metric": reduce_metric_case}
@@ -201,6 +213,9 @@ def main(argv=None):
   parser.add_argument("--module", default=None,
                       help="counter_update: count the kernel of the module at this path (a frozen "
                            "copy of pallas_triton_update.py)")
+  parser.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                      help="matmul: replace a field of the heuristic config (repeatable), "
+                           "e.g. --set block_n=64 --set interleave_lanes=True")
   parser.add_argument("--sass", action="store_true",
                       help="also count SASS (the bundled ptxas and nvdisasm)")
   args = parser.parse_args(argv)

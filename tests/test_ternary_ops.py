@@ -771,10 +771,57 @@ def test_split_matmul_sums_every_slab_once(rng, implementation):
       np.testing.assert_allclose(first, np.asarray(expected), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("implementation", KERNEL_IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_interleaved_dot_tiles_give_the_exact_product(rng, implementation, dtype):
+  """Dot tiles with the code lanes joined into one tile of ``t`` (``interleave_lanes``), ``t``
+  on the right or (``weights_lhs``) on the left.
+
+  Integer ``x`` makes every product and partial sum exact, so a lane joined
+  at the wrong column, an ``x`` column read at the wrong place, a masked
+  step read as data or a slab summed twice changes the result: it must equal
+  the exact product bit for bit, and the per-lane dot tiles' result too.
+  Word units (``in % 16 == 0``) and byte units, ragged ``M``, ``out`` and
+  ``in`` steps, ``in`` split, float32 ``x`` as bfloat16 pieces, and a
+  ``weights_lhs`` config without ``interleave_lanes`` is rejected.
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jaxnoise.ops.ternary import pallas_triton_matmul as matmul_kernels
+  config = config_lib.MatmulConfig
+  tiles = [config(block_m=16, block_n=16, block_groups=16, num_warps=2, interleave_lanes=True),
+           config(block_m=16, block_n=32, block_groups=32, num_warps=4, split_k=3,
+                  interleave_lanes=True),
+           config(block_m=16, block_n=64, block_groups=16, num_warps=4, split_k=2,
+                  interleave_lanes=True, weights_lhs=True),
+           config(block_m=32, block_n=64, block_groups=32, num_warps=4, num_stages=2,
+                  interleave_lanes=True, weights_lhs=True)]
+  for in_features in (16 * (int(rng.integers(5, 12)) | 1), 4 * (int(rng.integers(9, 30)) | 1)):
+    out_features, C = int(rng.integers(20, 60)) | 1, int(rng.integers(1, 12))
+    codes, packed, scale, _ = random_state(rng, out_features, in_features, C)
+    m_rows = int(rng.integers(2, 20))
+    x_int = rng.integers(-8, 9, (m_rows, in_features)).astype(np.float32)
+    exact = exact_product(x_int, codes, C, scale)
+    for tile in tiles:
+      run = lambda tile: np.asarray(matmul_kernels.ternary_matmul(  # noqa: E731
+          cast(x_int, dtype), packed, scale, C=C, out_dtype=jnp.float32, config=tile,
+          interpret=implementation == "interpret"))
+      np.testing.assert_array_equal(run(tile), exact, err_msg=f"{tile} in={in_features}")
+    lane_dots = dataclasses.replace(tiles[0], interleave_lanes=False)
+    np.testing.assert_array_equal(run(lane_dots), exact, err_msg=f"{lane_dots} in={in_features}")
+    x = cast(rng.normal(size=(m_rows, in_features)), dtype)
+    expected = reference.ternary_matmul_reference(x, packed, scale, C=C, out_dtype=jnp.float32)
+    for tile in tiles[1:3]:
+      y = matmul_kernels.ternary_matmul(x, packed, scale, C=C, out_dtype=jnp.float32,
+                                        config=tile, interpret=implementation == "interpret")
+      np.testing.assert_allclose(np.asarray(y), np.asarray(expected), rtol=1e-5, atol=1e-4)
+  with pytest.raises(ValueError, match="weights_lhs needs interleave_lanes"):
+    config(block_m=16, block_n=16, weights_lhs=True)
+
+
 def test_matmul_heuristic_methods_per_batch_and_dtype():
   """fma tiles for 1-4 rows (every row in one program; 1-3 for float32), then dot tiles,
   then decode."""
-  for dtype, fma_rows, decode_from in [(jnp.bfloat16, 4, 64), (jnp.float16, 4, 64),
+  for dtype, fma_rows, decode_from in [(jnp.bfloat16, 4, 65), (jnp.float16, 4, 65),
                                        (jnp.float32, 3, 4)]:
     for m_rows in list(range(1, 70)) + [127, 128, 300]:
       config = config_lib.MatmulConfig.get_heuristics_config((m_rows, 4096, 4096), dtype)
@@ -799,7 +846,7 @@ def test_input_grad_heuristic_methods_per_batch_and_dtype():
           assert config.split_k <= -(-out_features // config.block_n), config
 
 
-@pytest.mark.parametrize("m_rows", [1, 2, 3, 4, 5, 16, 64, 256])
+@pytest.mark.parametrize("m_rows", [1, 2, 3, 4, 5, 16, 40, 64, 65, 256])
 def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   """The heuristic's config per batch (fma, byte-unit dot, decode) runs in interpret mode."""
   # pylint: disable-next=g-import-not-at-top
@@ -809,14 +856,15 @@ def test_matmul_heuristic_configs_run_and_match_reference(rng, m_rows):
   x = jnp.asarray(rng.normal(size=(m_rows, in_features)), jnp.bfloat16)
   config = config_lib.MatmulConfig.get_heuristics_config((m_rows, out_features, in_features),
                                                          x.dtype)
-  expected_method = {1: "fma", 2: "fma", 3: "fma", 4: "fma", 5: "dot", 16: "dot", 64: "decode",
-                     256: "decode"}[m_rows]
+  expected_method = {1: "fma", 2: "fma", 3: "fma", 4: "fma", 5: "dot", 16: "dot", 40: "dot",
+                     64: "dot", 65: "decode", 256: "decode"}[m_rows]
   assert config.method == expected_method, config
   # fma: every row in one program (each weight read once).
   assert config.method != "fma" or config.block_m >= m_rows, config
   if config.method == "dot":
-    # Words, 128 groups per step (session 6: the best dot tiles at M = 4 and 16).
-    assert config.word_loads and config.block_groups == 128, config
+    # Words, t joined on the left, one pipeline stage, every row in one tile (session 22).
+    assert config.word_loads and config.interleave_lanes and config.weights_lhs, config
+    assert config.num_stages == 1 and config.block_m >= m_rows, config
   y = matmul_kernels.ternary_matmul(x, packed, scale, C=C, out_dtype=jnp.float32,
                                     config=config, interpret=True)
   expected = reference.ternary_matmul_reference(x, packed, scale, C=C, out_dtype=jnp.float32)

@@ -56,6 +56,7 @@ from jaxnoise.ops.ternary.pallas_triton import (
     _load_lanes,
     _load_vector,
     _loop,
+    interleave,
     _packed_view,
     _store_lanes,
     load_ramp_bases,
@@ -134,6 +135,17 @@ def _dot_with_t(operand, t, dims, *, split, precision):
   return acc
 
 
+def _dot_t_with(t, operand, *, split, precision):
+  """``t (BN, K) . operand (BM, K)^T -> (BN, BM)`` in float32, ``t`` on the left (see
+  :func:`_dot_with_t`)."""
+  acc = None
+  for piece in bf16_pieces(operand) if split else (operand,):
+    part = jax.lax.dot_general(t, piece, _DIMS_NT, precision=None if split else precision,
+                               preferred_element_type=_F32)
+    acc = part if acc is None else acc + part
+  return acc
+
+
 def _xla_dot_with_t(operand, t, dims, *, split, precision):
   """:func:`_dot_with_t` as one XLA GEMM: the pieces stacked along the rows of ``operand``."""
   if not split:
@@ -147,7 +159,7 @@ def _xla_dot_with_t(operand, t, dims, *, split, precision):
 def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout: UnitLayout,
                    m_rows, n_out, n_units, block_m, block_n, block_units, steps_per_split, method,
                    compute_dtype, precision, partial_sums, x_vector=1, split_float32=False,
-                   compiled=True):
+                   interleave_lanes=False, weights_lhs=False, compiled=True):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
 
   ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
@@ -168,7 +180,10 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
   * ``method="dot"``: ``t`` of each lane converted to the compute dtype
     (exact), one ``dot_general`` per lane and step (tensor cores; float32
     accumulation); with ``split_float32``, ``x`` is float32 and meets ``t`` in
-    bfloat16 as three pieces (:func:`bf16_pieces`), one dot each;
+    bfloat16 as three pieces (:func:`bf16_pieces`), one dot each. With
+    ``interleave_lanes`` the lanes are joined into one tile of ``t`` in
+    ``x``'s column order (:func:`interleave`) and ``x_ref`` is ``x`` itself,
+    ``(M, in)``: one dot per step;
   * ``method="fma"`` (no tensor cores: for a few rows, where a dot pads to
     16): one ``fma.rn.f32`` of ``x`` and ``t`` per row and weight (exact
     products, so ``inf * 0`` is NaN as in the reference; each row's lanes
@@ -194,6 +209,13 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
                       _outer_and(n_mask, unit_mask, (block_n, block_units)), 0)
     if method == "fma":
       return tuple(raw), fetch_x_rows(u0, unit_mask)
+    if interleave_lanes:  # x as it is, (M, in): the step's block_units * L columns.
+      width = block_units * n_lanes
+      col_mask = None if unit_mask is None else (u0 * n_lanes + _iota(width)) < n_units * n_lanes
+      x_mask = _outer_and(m_mask, col_mask, (block_m, width))
+      x = plgpu.load(x_ref.at[pl.ds(m0, block_m), pl.ds(u0 * n_lanes, width)],
+                     mask=x_mask, other=None if x_mask is None else 0)
+      return tuple(raw), x
     # (M, L, units): lane j is a contiguous row of units.
     x_mask = _outer_and(m_mask, unit_mask, (block_m, block_units))
     xs = [plgpu.load(x_ref.at[pl.ds(m0, block_m), _I32(j), pl.ds(u0, block_units)],
@@ -248,13 +270,23 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
 
   def accumulate(acc, fetched):
     raw, xs = fetched
+    if interleave_lanes:  # one (block_n, block_units * L) tile of t in x's column order
+      ts = [t.astype(compute_dtype) for t in unit_ternary(raw, layout, C, bases,
+                                                          compiled=compiled)]
+      if weights_lhs:  # (block_n, block_m): t the left operand
+        return acc + _dot_t_with(interleave(ts), xs, split=split_float32, precision=precision)
+      return acc + _dot_with_t(xs, interleave(ts), _DIMS_NT, split=split_float32,
+                               precision=precision)
     for t, x in zip(unit_ternary(raw, layout, C, bases, compiled=compiled), xs):
       t = t.astype(compute_dtype)  # -1, 0 or +1: exact
       acc = acc + _dot_with_t(x, t, _DIMS_NT, split=split_float32, precision=precision)
     return acc
 
+  acc_shape = (block_n, block_m) if weights_lhs else (block_m, block_n)
   acc = _loop(steps_per_split, lambda i, acc: accumulate(acc, fetch(i)),
-              jnp.zeros((block_m, block_n), _F32))
+              jnp.zeros(acc_shape, _F32))
+  if weights_lhs:
+    acc = acc.T
 
   _store_tile(y_ref, scale_ref, acc, m0=m0, n0=n0, split=split, m_mask=m_mask, n_mask=n_mask,
               partial_sums=partial_sums)
@@ -290,16 +322,18 @@ def _outer_and(row_mask, col_mask, shape):
   return row_mask[:, None] & col_mask[None, :]
 
 
-def _x_operand(x, layout: UnitLayout, method: str, dtype):
-  """The kernel's ``x``: lane-major in ``dtype`` (dot), else a free ``(M, units, L)`` view.
+def _x_operand(x, layout: UnitLayout, method: str, dtype, interleave_lanes: bool):
+  """The kernel's ``x``: lane-major in ``dtype`` (dot), ``x`` in ``dtype`` (dot with
+  interleaved lanes), else a free ``(M, units, L)`` view.
 
   The dot tiles load each lane as a contiguous ``(block_m, block_units)``
-  tile from XLA's transpose; the fma tiles load the lanes strided from ``x``
-  itself, so no XLA op runs before the kernel (one fewer launch at decode
-  sizes, where the whole matmul takes ~10 us).
+  tile from XLA's transpose, or (``interleave_lanes``) ``(block_m,
+  block_units * L)`` tiles of ``x`` as it is; the fma tiles load the lanes
+  strided from ``x`` itself, so no XLA op runs before the kernel (one fewer
+  launch at decode sizes, where the whole matmul takes ~10 us).
   """
   if method == "dot":
-    return x_lanes(x, layout).astype(dtype)
+    return x.astype(dtype) if interleave_lanes else x_lanes(x, layout).astype(dtype)
   m_rows, in_features = x.shape
   return x.reshape(m_rows, in_features // layout.codes, layout.codes)
 
@@ -388,8 +422,11 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
     t = _decoded_weight(packed, C, compute_dtype, interpret)
     y = _xla_dot_with_t(x.astype(x_dtype), t, _DIMS_NT, split=split, precision=precision)
     return (y * scale.astype(_F32)[None, :]).astype(out_dtype)
-  # A dot step contracts one code lane of block_units units: Triton dots need >= 16.
-  min_word_groups = 4 * ref_lib.CODES_PER_WORD_GROUP if config.method == "dot" else 4
+  # A dot step contracts one code lane of block_units units (interleaved: all L lanes of
+  # them): Triton dots need >= 16.
+  interleave_lanes = config.method == "dot" and config.interleave_lanes
+  min_word_groups = (4 * ref_lib.CODES_PER_WORD_GROUP
+                     if config.method == "dot" and not interleave_lanes else 4)
   layout = unit_layout(in_features, config.word_loads and config.block_groups >= min_word_groups)
   per_unit = layout.codes
   n_units = in_features // per_unit
@@ -404,7 +441,9 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       block_m=config.block_m, block_n=config.block_n, block_units=block_units,
       steps_per_split=steps_per_split, method=config.method, compute_dtype=compute_dtype,
       precision=precision, partial_sums=partial_sums, x_vector=x_vector,
-      split_float32=split and config.method == "dot", compiled=not interpret)
+      split_float32=split and config.method == "dot", interleave_lanes=interleave_lanes,
+      weights_lhs=interleave_lanes and config.weights_lhs,
+      compiled=not interpret)
   if partial_sums:
     out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)
   else:
@@ -413,7 +452,8 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       kernel, name="ternary_matmul",
       grid=(_cdiv(m_rows, config.block_m), _cdiv(out_features, config.block_n), splits),
       out_shape=out_shape, config=config, interpret=interpret,
-  )(_x_operand(x, layout, config.method, x_dtype), packed_units(packed, layout), scale,
+  )(_x_operand(x, layout, config.method, x_dtype, interleave_lanes),
+    packed_units(packed, layout), scale,
     ramp_bases())
   if partial_sums:
     y = (jnp.sum(y, axis=0) * scale.astype(_F32)[None, :]).astype(out_dtype)

@@ -28,6 +28,8 @@ _GEMV_PROGRAMS = 512
 _WHOLE_ROW_PROGRAMS = 2048
 # ... from this many outputs (~1024 programs of 2 units); fewer split `in` for enough programs.
 _GEMV_MIN_OUT = 2048
+# The forward's 16-row joined dot tiles (MatmulConfig._dot_tiles): ~this many programs.
+_DOT_PROGRAMS = 1024
 # The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
 _INPUT_GRAD_PROGRAMS = 256
 
@@ -77,6 +79,14 @@ class MatmulConfig:
       float32 sums round, as in a float32 dot. Used by the dot tiles and the
       decode method's XLA GEMM unless ``allow_tf32``. False: float32 dots
       (CUDA cores when exact).
+    interleave_lanes: ``"dot"`` tiles join a step's code lanes into one
+      ``(block_n, 4 * block_groups)`` tile of ``t`` in ``x``'s column order
+      (a tree of ``tt.join``, no data moved) and take one dot per step on
+      ``x`` as it is; False: one dot per code lane on ``x`` transposed to the
+      codes' lane order by XLA before the kernel.
+    weights_lhs: with ``interleave_lanes``, ``t`` is the dot's left operand
+      and the tile is formed transposed, ``(block_n, block_m)`` (on Hopper a
+      warpgroup MMA can read a left operand from registers).
   """
 
   block_m: int = 64
@@ -91,6 +101,8 @@ class MatmulConfig:
   x_vector_loads: bool = True
   decode_to: str = "compute"
   split_float32: bool = True
+  interleave_lanes: bool = False
+  weights_lhs: bool = False
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
@@ -117,9 +129,13 @@ class MatmulConfig:
     if (not isinstance(self.split_k, int) or isinstance(self.split_k, bool)
         or self.split_k < 1):
       raise ValueError(f"MatmulConfig.split_k must be a positive int, got {self.split_k!r}")
-    for name in ("allow_tf32", "word_loads", "x_vector_loads", "split_float32"):
+    for name in ("allow_tf32", "word_loads", "x_vector_loads", "split_float32",
+                 "interleave_lanes", "weights_lhs"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"MatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
+    if self.weights_lhs and not self.interleave_lanes:
+      raise ValueError("MatmulConfig.weights_lhs needs interleave_lanes=True (the joined "
+                       "tile of t is the left operand)")
 
   @classmethod
   def get_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16
@@ -136,13 +152,14 @@ class MatmulConfig:
       tiles of 16 output units with ``in`` split 8 ways (:meth:`_fma_config`).
     * ``M = 2-4`` (16-bit ``x``; 2-3 for float32): fma tiles of all rows, 8
       output units, 2048 inputs per step (:meth:`_fma_rows_config`).
-    * ``5 <= M <= 16`` (16-bit ``x``): 16-row dot tiles of 32 output units,
-      codes read as words, one 512-input step per program. Session 18
-      (device time, 4096^2 / 8192^2): 15.5 / 43.0 us at M=8, 17.0 / 47.3 at
-      M=16; the best fma tiles of all rows 22.5 / 63.4 and 40.4 / 118.9.
-    * ``16 < M < 64`` (16-bit ``x``): GEMM tiles, split along ``in`` (not
-      measured).
-    * ``M >= 64``, and float32 ``x`` from ``M = 4``: ``"decode"`` (Pallas
+    * ``5 <= M <= 64`` (16-bit ``x``): dot tiles with the code lanes joined
+      into one tile of ``t`` (``interleave_lanes``) on the dot's left
+      (``weights_lhs``), no software pipeline (:meth:`_dot_tiles`). Session 22
+      (device time, 4096^2 / 8192^2, run 3): M=8 12.3 / 38.1 us, M=16 13.0 /
+      38.9 (the per-lane dot tiles of sessions 6-21: 15.5 / 43.1 and 17.2 /
+      47.7; a dense bf16 matmul 11.5 / 36.8 and 12.1 / 38.7); M=64 22.2 / 75.1
+      against 25.5 / 93.6 for decode.
+    * ``M > 64``, and float32 ``x`` from ``M = 4``: ``"decode"`` (Pallas
       decode to a dense temporary at copy bandwidth, then XLA's GEMM). Device
       time, session 6: 28.4 us at M=64 4096^2 vs 35.1 us for dot tiles; at
       M=256 / 1024, 30.6 / 57.5 us at 4096^2 and 99.4 / 221.6 us at 8192^2
@@ -166,7 +183,10 @@ class MatmulConfig:
       >>> config = MatmulConfig.get_heuristics_config((1, 4096, 4096), "bfloat16")
       >>> config.method, config.block_n, config.num_warps, config.split_k
       ('fma', 2, 1, 1)
-      >>> config = MatmulConfig.get_heuristics_config((64, 4096, 4096), "bfloat16")
+      >>> config = MatmulConfig.get_heuristics_config((16, 4096, 4096), "bfloat16")
+      >>> config.method, config.interleave_lanes, config.weights_lhs, config.split_k
+      ('dot', True, True, 16)
+      >>> config = MatmulConfig.get_heuristics_config((65, 4096, 4096), "bfloat16")
       >>> config.method, config.decode_to
       ('decode', 'compute')
     """
@@ -178,21 +198,14 @@ class MatmulConfig:
       return cls._fma_config(m_rows, out_features, in_features)
     if m_rows <= (3 if itemsize >= 4 else 4):
       return cls._fma_rows_config(m_rows, out_features, in_features)
-    if m_rows >= 64 or itemsize >= 4:
-      # decode + XLA GEMM: M=64 4096^2 48.8 vs 53.6 us (dot tiles, split 4); 2.0-3.6x
-      # faster than the dot tiles at M = 256 / 1024 (4096^2: 53-62 vs 116-125 us, 98 vs
-      # 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us). float32 x enters XLA's GEMM as
-      # three bfloat16 pieces (split_float32), exact products as a float32 GEMM's.
+    if m_rows > 64 or itemsize >= 4:
+      # decode + XLA GEMM: 2.0-3.6x faster than the per-lane dot tiles at M = 256 / 1024
+      # (4096^2: 53-62 vs 116-125 us, 98 vs 252 us; 8192^2: 98 vs 320 us, 244 vs 885 us),
+      # and than the joined tiles of session 22 (runs 2-3: 49-66 vs 30 us at M=256
+      # 4096^2). float32 x enters XLA's GEMM as three bfloat16 pieces (split_float32),
+      # exact products as a float32 GEMM's.
       return cls(method="decode")
-    config = cls._dot_tiles(shape, dtype)
-    if m_rows <= 16:
-      # Session 6 runs 3-5 (device time): 32 outputs x 512 inputs (words) per program, one
-      # step each (in split into 512-input slabs): M=4 17.3-17.5 / 44.3-44.6 us at 4096^2 /
-      # 8192^2, M=16 18.3-18.6 / 46.4-47.0 (session-5 tiles: 18.8 / 64.7, 20.4 / 65.0).
-      steps = max(1, -(-max(1, in_features // 4) // 128))
-      config = cls(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
-                   split_k=steps)
-    return config
+    return cls._dot_tiles(shape, dtype)
 
   @classmethod
   def _gemv_config(cls, out_features: int, in_features: int) -> "MatmulConfig":
@@ -270,29 +283,42 @@ class MatmulConfig:
   def _dot_tiles(cls, shape: Sequence[int], dtype: Any) -> "MatmulConfig":
     """Tensor-core tiles of the forward's dot method for ``(M, out, in)``.
 
-    Decode-sized ``M`` (<= 16) is memory-bound on the 0.75-byte codes: one
-    16-row dot tile, 64 output units, 256 inputs per step, and ``in`` split
-    so that there are ~512 programs. Larger ``M`` uses GEMM tiles (64-128
-    square, 64-128 inputs per step), split along ``in`` while the tiles alone
-    give fewer programs than a large GPU has SMs.
+    16-bit ``x`` up to 64 rows: ``t`` joined into one tile per step on the
+    dot's left (``interleave_lanes``, ``weights_lhs``), one pipeline stage.
+    Up to 16 rows, one 16-row tile of 64 output units, 256 inputs per step,
+    ``in`` split for ~:data:`_DOT_PROGRAMS` programs; 17-64 rows, tiles of
+    all rows and 128 output units, 128 inputs per step, split while the tiles
+    alone give fewer programs than the H200 has SMs. float32 ``x`` up to 16
+    rows: 32 outputs x 64 inputs per step, ``in`` split for ~512 programs.
+    Larger ``M`` uses GEMM tiles (64-128 square, 64-128 inputs per step),
+    split along ``in`` while the tiles alone give fewer programs than a large
+    GPU has SMs.
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     itemsize = jnp.dtype(dtype).itemsize
     steps_of = lambda groups: max(1, -(-max(1, in_features // 4) // groups))
+    if itemsize <= 2 and m_rows <= 64:
+      # 16-bit x, decode-sized M: t joined on the left (warpgroup MMA from registers), no
+      # software pipeline (session 22 runs 2-3: with 2-3 stages every config of several
+      # steps per program took 2-3x longer).
+      if m_rows <= 16:  # 64 outputs x 256 inputs per step, ~1024 programs
+        block_n, groups = 64, 64
+        split = min(steps_of(groups), next_power_of_2(max(1, _DOT_PROGRAMS // -(
+            -out_features // block_n))))
+        return cls(block_m=16, block_n=block_n, block_groups=groups, num_warps=4,
+                   num_stages=1, split_k=split, interleave_lanes=True, weights_lhs=True)
+      block_m, block_n, groups = next_power_of_2(m_rows), 128, 32
+      n_tiles = -(-out_features // block_n)
+      split = min(steps_of(groups), next_power_of_2(max(1, 132 // n_tiles)))
+      return cls(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=8,
+                 num_stages=1, split_k=split, interleave_lanes=True, weights_lhs=True)
     if m_rows <= 16:
       # float32 x: 32 outputs x 64 inputs per step (16 per code lane, the least a dot
       # contracts), as exact FMA tiles without split_float32.
-      block_n, groups = (64, 64) if itemsize <= 2 else (32, 16)
-      return cls(block_m=16, block_n=block_n, block_groups=groups, num_warps=4, num_stages=3,
-                 split_k=_gemv_split_k(out_features, in_features, block_n, groups))
+      return cls(block_m=16, block_n=32, block_groups=16, num_warps=4, num_stages=3,
+                 split_k=_gemv_split_k(out_features, in_features, 32, 16))
     if itemsize >= 4:
       return cls()
-    if m_rows <= 64:
-      block_m = max(16, next_power_of_2(m_rows))
-      n_blocks = -(-out_features // 64)
-      split = min(steps_of(32), next_power_of_2(max(1, 256 // n_blocks)))
-      return cls(block_m=block_m, block_n=64, block_groups=32, num_warps=4, num_stages=3,
-                 split_k=split)
     block = 128 if (m_rows >= 1024 and out_features >= 1024 and itemsize <= 2) else 64
     tiles = -(-m_rows // block) * -(-out_features // block)
     groups = 32 if block == 128 else 16
@@ -404,7 +430,9 @@ class MatmulConfig:
     else:
       dot = cls._dot_tiles(shape, dtype)
       out += [dot, replace(dot, block_groups=dot.block_groups * 2),
-              replace(dot, num_stages=4), cls(method="decode")]
+              replace(dot, num_stages=1 if dot.num_stages > 1 else 3), cls(method="decode")]
+    if dot.interleave_lanes:  # the per-lane dots of the same tiles, pipelined
+      out.append(replace(dot, interleave_lanes=False, weights_lhs=False, num_stages=3))
       if m_rows >= 256:
         out += [cls(block_m=128, block_n=256, block_groups=16, num_warps=8, num_stages=3),
                 cls(block_m=128, block_n=128, block_groups=16, num_warps=8, num_stages=4)]
