@@ -732,11 +732,12 @@ def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   right or on the left (``weights_lhs``: Hopper's warpgroup MMA reads it from registers).
 
   Decode-sized ``M`` (<= 16): 16-row tiles of 32-128 outputs, 128-512 inputs
-  per step, 1-16 steps per program (``in`` split for the rest), beside the
+  per step, 1-32 steps per program (``in`` split for the rest), beside the
   per-lane dot tiles. ``M`` from 17 to 64: sessions 6-21's per-lane tiles and
   decode next. ``M > 16``: GEMM tiles with ``t`` on the left (its
   64-128 outputs the MMA's rows, 64-256 rows of ``x`` its columns), one with
-  ``t`` on the right; software pipelines of 1-3 stages.
+  ``t`` on the right; without a software pipeline, or with the next step's
+  loads carried in registers (``register_prefetch``).
   """
   m_rows, out_features, in_features = shape
   M = config_lib.MatmulConfig
@@ -744,22 +745,25 @@ def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   out = [base]
   n_groups = max(1, in_features // 4)
 
-  def tiles(block_m, block_n, groups, warps, stages, steps_per_program, lhs):
+  def tiles(block_m, block_n, groups, warps, stages, steps_per_program, lhs, prefetch=False):
     steps = -(-n_groups // groups)
     split = -(-steps // steps_per_program)
     return M(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
-             num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=lhs)
+             num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=lhs,
+             register_prefetch=prefetch)
 
   if m_rows <= 16:
     out.append(M(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
                  split_k=-(-n_groups // 128)))  # sessions 6-21's heuristic from 5 rows
-    # Run 2 (session 22): one step per program was the rule; every config with 2-4 steps and a
-    # 2-3 stage pipeline took 2-3x longer. Run 3: several steps without a pipeline.
+    # Runs 2-3 (session 22): one step per program was the rule; with a 2-3 stage pipeline
+    # every config of several steps took 2-3x longer, without one 1-2.4x. Run 6: several
+    # steps with the next step's loads in registers (register_prefetch).
     out += [tiles(16, *t) for t in [
-        (64, 128, 4, 3, 1, True), (64, 64, 4, 1, 1, True), (64, 64, 4, 1, 2, True),
-        (64, 64, 4, 1, 4, True), (64, 64, 4, 1, 16, True), (32, 64, 4, 1, 16, True),
-        (128, 64, 8, 1, 1, True), (64, 32, 4, 1, 1, True), (64, 64, 4, 2, 4, True),
-        (64, 128, 4, 3, 1, False)]]
+        (64, 64, 4, 1, 2, True, True), (64, 64, 4, 1, 4, True, True),
+        (64, 64, 4, 1, 8, True, True), (64, 32, 4, 1, 4, True, True),
+        (64, 32, 4, 1, 8, True, True), (64, 32, 4, 1, 32, True, True),
+        (128, 32, 8, 1, 4, True, True), (128, 32, 8, 1, 8, True, True),
+        (64, 64, 4, 1, 16, True, True), (64, 64, 4, 1, 4, True, False)]]
   else:
     if m_rows <= 64:  # sessions 6-21's heuristic from 17 to 63 rows (per-lane dots), decode
       block_m = max(16, config_lib.next_power_of_2(m_rows))
@@ -767,16 +771,20 @@ def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
       split = min(steps, config_lib.next_power_of_2(max(1, 256 // -(-out_features // 64))))
       out += [M(block_m=block_m, block_n=64, block_groups=32, num_warps=4, num_stages=3,
                 split_k=split), M(method="decode")]
+      out += [dataclasses.replace(base, register_prefetch=True),
+              dataclasses.replace(base, register_prefetch=True, block_groups=64),
+              dataclasses.replace(base, register_prefetch=True, split_k=2 * base.split_k)]
     for block_m, block_n, groups, warps, stages, lhs in [
-        (128, 128, 16, 8, 1, True), (128, 128, 16, 8, 2, True), (128, 128, 32, 8, 1, True),
-        (128, 64, 16, 4, 1, True), (64, 128, 16, 8, 1, True), (256, 128, 16, 8, 1, True),
-        (128, 128, 16, 8, 3, True), (128, 128, 16, 8, 1, False)]:
+        (128, 128, 16, 8, 1, True), (128, 128, 32, 8, 1, True), (128, 64, 16, 4, 1, True),
+        (128, 128, 16, 8, 1, False)]:
       block_m = min(block_m, max(16, config_lib.next_power_of_2(m_rows)))
       n_tiles = -(-m_rows // block_m) * -(-out_features // block_n)
       steps = -(-n_groups // groups)
       split = min(steps, config_lib.next_power_of_2(max(1, 132 // n_tiles))) if n_tiles < 132 else 1
-      out.append(M(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
-                   num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=lhs))
+      for prefetch in (False, True):
+        out.append(M(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
+                     num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=lhs,
+                     register_prefetch=prefetch))
   return list(dict.fromkeys(out))
 
 

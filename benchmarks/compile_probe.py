@@ -175,7 +175,7 @@ def ternary_cases(implementation: str = "pallas"):
   out = []
   matrix = lambda o, i: dict(packed=spec((o, 3 * i // 4), u8), scale=spec((o,), f32))  # noqa: E731
   matmul = functools.partial(jaxnoise.ternary_matmul, C=11, implementation=implementation)
-  for m_rows in (1, 2, 16, 256):
+  for m_rows in (1, 2, 16, 48, 256):  # one row, fma rows, joined 16-row and GEMM tiles, decode
     out.append((f"ternary_matmul M={m_rows} 4096x4096", matmul,
                 dict(x=spec((m_rows, 4096), bf16), **matrix(4096, 4096))))
   for m_rows in (1, 256):

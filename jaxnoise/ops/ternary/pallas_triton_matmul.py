@@ -159,7 +159,8 @@ def _xla_dot_with_t(operand, t, dims, *, split, precision):
 def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout: UnitLayout,
                    m_rows, n_out, n_units, block_m, block_n, block_units, steps_per_split, method,
                    compute_dtype, precision, partial_sums, x_vector=1, split_float32=False,
-                   interleave_lanes=False, weights_lhs=False, compiled=True):
+                   interleave_lanes=False, weights_lhs=False, register_prefetch=False,
+                   compiled=True):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
 
   ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
@@ -183,7 +184,8 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
     bfloat16 as three pieces (:func:`bf16_pieces`), one dot each. With
     ``interleave_lanes`` the lanes are joined into one tile of ``t`` in
     ``x``'s column order (:func:`interleave`) and ``x_ref`` is ``x`` itself,
-    ``(M, in)``: one dot per step;
+    ``(M, in)``: one dot per step. With ``register_prefetch`` step ``i +
+    1``'s loads are issued before step ``i``'s decode and dot;
   * ``method="fma"`` (no tensor cores: for a few rows, where a dot pads to
     16): one ``fma.rn.f32`` of ``x`` and ``t`` per row and weight (exact
     products, so ``inf * 0`` is NaN as in the reference; each row's lanes
@@ -283,8 +285,18 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
     return acc
 
   acc_shape = (block_n, block_m) if weights_lhs else (block_m, block_n)
-  acc = _loop(steps_per_split, lambda i, acc: accumulate(acc, fetch(i)),
-              jnp.zeros(acc_shape, _F32))
+  zeros = jnp.zeros(acc_shape, _F32)
+  if register_prefetch and steps_per_split > 1:
+    # Step i + 1's loads are issued before step i's decode and dot, and held in registers
+    # (the last step reloads itself: its program's slab is never past the end).
+    def prefetched(i, carry):
+      acc, fetched = carry
+      following = fetch(jnp.minimum(i + 1, steps_per_split - 1))
+      return accumulate(acc, fetched), following
+
+    acc, _ = _loop(steps_per_split, prefetched, (zeros, fetch(0)))
+  else:
+    acc = _loop(steps_per_split, lambda i, acc: accumulate(acc, fetch(i)), zeros)
   if weights_lhs:
     acc = acc.T
 
@@ -443,6 +455,7 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       precision=precision, partial_sums=partial_sums, x_vector=x_vector,
       split_float32=split and config.method == "dot", interleave_lanes=interleave_lanes,
       weights_lhs=interleave_lanes and config.weights_lhs,
+      register_prefetch=config.method == "dot" and config.register_prefetch,
       compiled=not interpret)
   if partial_sums:
     out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)
