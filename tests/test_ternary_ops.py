@@ -824,6 +824,27 @@ def test_interleaved_dot_tiles_give_the_exact_product(rng, implementation, dtype
     config(block_m=16, block_n=16, weights_lhs=True)
 
 
+def test_matmul_candidates_hold_the_heuristic_and_its_neighbours():
+  """Autotuning candidates: the heuristic first, no repeats; the joined tiles beside their
+  per-lane twin (and, from 17 rows, a prefetching neighbour); GEMM tiles at 256 rows."""
+  M = config_lib.MatmulConfig
+  for m_rows in (1, 4, 5, 16, 17, 48, 64, 65, 256, 1024):
+    for dtype in (jnp.bfloat16, jnp.float32):
+      shape = (m_rows, 4096, 4096)
+      candidates = M.candidates(shape, dtype)
+      assert candidates[0] == M.get_heuristics_config(shape, dtype)
+      assert len(set(candidates)) == len(candidates), (m_rows, dtype)
+      base = candidates[0]
+      if base.interleave_lanes:
+        twin = dataclasses.replace(base, interleave_lanes=False, weights_lhs=False,
+                                   num_stages=3)
+        assert twin in candidates, (m_rows, dtype)
+        assert any(c.register_prefetch for c in candidates) == (m_rows > 16), (m_rows, dtype)
+      if m_rows >= 256 and dtype == jnp.bfloat16:
+        assert M(block_m=128, block_n=256, block_groups=16, num_warps=8,
+                 num_stages=3) in candidates
+
+
 def test_matmul_heuristic_methods_per_batch_and_dtype():
   """fma tiles for 1-4 rows (every row in one program; 1-3 for float32), then dot tiles,
   then decode."""

@@ -160,10 +160,11 @@ class MatmulConfig:
     * ``5 <= M <= 64`` (16-bit ``x``): dot tiles with the code lanes joined
       into one tile of ``t`` (``interleave_lanes``) on the dot's left
       (``weights_lhs``), no software pipeline (:meth:`_dot_tiles`). Session 22
-      (device time, 4096^2 / 8192^2, run 3): M=8 12.3 / 38.1 us, M=16 13.0 /
-      38.9 (the per-lane dot tiles of sessions 6-21: 15.5 / 43.1 and 17.2 /
-      47.7; a dense bf16 matmul 11.5 / 36.8 and 12.1 / 38.7); M=64 22.2 / 75.1
-      against 25.5 / 93.6 for decode.
+      (device time, 4096^2 / 8192^2, run 4): M=8 12.4 / 38.4 us, M=16 13.1 /
+      39.4 (the per-lane dot tiles of sessions 6-21: 15.8 / 43.0 and 17.4 /
+      47.6; a dense bf16 matmul 11.4 / 36.0 and 12.3 / 37.6); M=32 19.1 /
+      63.7 (per-lane 25.2 / 84.9, decode 22.6 / 91.7); M=64 22.4 / 75.9
+      against 25.9 / 93.1 for decode.
     * ``M > 64``, and float32 ``x`` from ``M = 4``: ``"decode"`` (Pallas
       decode to a dense temporary at copy bandwidth, then XLA's GEMM). Device
       time, session 6: 28.4 us at M=64 4096^2 vs 35.1 us for dot tiles; at
@@ -436,13 +437,13 @@ class MatmulConfig:
       dot = cls._dot_tiles(shape, dtype)
       out += [dot, replace(dot, block_groups=dot.block_groups * 2),
               replace(dot, num_stages=1 if dot.num_stages > 1 else 3), cls(method="decode")]
+      if m_rows >= 256:
+        out += [cls(block_m=128, block_n=256, block_groups=16, num_warps=8, num_stages=3),
+                cls(block_m=128, block_n=128, block_groups=16, num_warps=8, num_stages=4)]
     if dot.interleave_lanes:  # the per-lane dots of the same tiles, pipelined
       out.append(replace(dot, interleave_lanes=False, weights_lhs=False, num_stages=3))
       if m_rows > 16:  # session 22 run 6, M=64: 21.6 / 69.7 against 22.4 / 75.6 us
         out.append(replace(dot, block_groups=2 * dot.block_groups, register_prefetch=True))
-      if m_rows >= 256:
-        out += [cls(block_m=128, block_n=256, block_groups=16, num_warps=8, num_stages=3),
-                cls(block_m=128, block_n=128, block_groups=16, num_warps=8, num_stages=4)]
     unique = []
     for config in out:
       if config not in unique:
