@@ -120,7 +120,7 @@ def ternary_matmul(
   """``y = x @ W^T`` with ``W = scale[:, None] * t`` read from the packed codes.
 
   The kernel loads the 0.75-byte packed codes and decodes them in registers
-  (no dense weight is formed); accumulation is float32. From 64 rows (float32
+  (no dense weight is formed); accumulation is float32. From 65 rows (float32
   ``x``: 4) it decodes ``t`` to a temporary for XLA's GEMM instead. float32
   ``x`` keeps every product exact, as a float32 matmul does, yet runs on
   bfloat16 tensor cores (:attr:`MatmulConfig.split_float32`).
