@@ -123,25 +123,21 @@ def _operand_setup(dtype, config: MatmulConfig):
   return compute_dtype, False, precision
 
 
-def _dot_with_t(operand, t, dims, *, split, precision):
-  """``dot_general(operand, t)`` in float32; ``operand`` as its bf16 pieces when ``split``."""
-  if not split:
-    return jax.lax.dot_general(operand, t, dims, precision=precision,
+def _dot_with_t(operand, t, dims, *, split, precision, t_left=False):
+  """``dot_general(operand, t)`` in float32; ``operand`` as its bf16 pieces when ``split``.
+
+  ``t_left``: ``dot_general(t, operand)`` instead (``t`` the left operand).
+  """
+  def dot(a, precision):
+    lhs, rhs = (t, a) if t_left else (a, t)
+    return jax.lax.dot_general(lhs, rhs, dims, precision=precision,
                                preferred_element_type=_F32)
+
+  if not split:
+    return dot(operand, precision)
   acc = None
   for piece in bf16_pieces(operand):
-    part = jax.lax.dot_general(piece, t, dims, preferred_element_type=_F32)
-    acc = part if acc is None else acc + part
-  return acc
-
-
-def _dot_t_with(t, operand, *, split, precision):
-  """``t (BN, K) . operand (BM, K)^T -> (BN, BM)`` in float32, ``t`` on the left (see
-  :func:`_dot_with_t`)."""
-  acc = None
-  for piece in bf16_pieces(operand) if split else (operand,):
-    part = jax.lax.dot_general(t, piece, _DIMS_NT, precision=None if split else precision,
-                               preferred_element_type=_F32)
+    part = dot(piece, None)
     acc = part if acc is None else acc + part
   return acc
 
@@ -276,7 +272,8 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
       ts = [t.astype(compute_dtype) for t in unit_ternary(raw, layout, C, bases,
                                                           compiled=compiled)]
       if weights_lhs:  # (block_n, block_m): t the left operand
-        return acc + _dot_t_with(interleave(ts), xs, split=split_float32, precision=precision)
+        return acc + _dot_with_t(xs, interleave(ts), _DIMS_NT, split=split_float32,
+                                 precision=precision, t_left=True)
       return acc + _dot_with_t(xs, interleave(ts), _DIMS_NT, split=split_float32,
                                precision=precision)
     for t, x in zip(unit_ternary(raw, layout, C, bases, compiled=compiled), xs):

@@ -34,11 +34,12 @@ _DOT_PROGRAMS = 1024
 _INPUT_GRAD_PROGRAMS = 256
 
 
-def _gemv_split_k(out_features: int, in_features: int, block_n: int, block_groups: int) -> int:
-  """``split_k`` for decode-sized ``M``: ~:data:`_GEMV_PROGRAMS` programs, at most one per step."""
+def _gemv_split_k(out_features: int, in_features: int, block_n: int, block_groups: int,
+                  programs: int = _GEMV_PROGRAMS) -> int:
+  """``split_k`` for one row tile: ~``programs`` programs, at most one per step."""
   steps = max(1, -(-max(1, in_features // 4) // block_groups))
   n_blocks = -(-out_features // block_n)
-  return min(steps, next_power_of_2(max(1, _GEMV_PROGRAMS // n_blocks)))
+  return min(steps, next_power_of_2(max(1, programs // n_blocks)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,16 +309,13 @@ class MatmulConfig:
       # software pipeline (session 22 runs 2-3: with 2-3 stages every config of several
       # steps per program took 2-3x longer).
       if m_rows <= 16:  # 64 outputs x 256 inputs per step, ~1024 programs
-        block_n, groups = 64, 64
-        split = min(steps_of(groups), next_power_of_2(max(1, _DOT_PROGRAMS // -(
-            -out_features // block_n))))
-        return cls(block_m=16, block_n=block_n, block_groups=groups, num_warps=4,
-                   num_stages=1, split_k=split, interleave_lanes=True, weights_lhs=True)
-      block_m, block_n, groups = next_power_of_2(m_rows), 128, 32
-      n_tiles = -(-out_features // block_n)
-      split = min(steps_of(groups), next_power_of_2(max(1, 132 // n_tiles)))
-      return cls(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=8,
-                 num_stages=1, split_k=split, interleave_lanes=True, weights_lhs=True)
+        return cls(block_m=16, block_n=64, block_groups=64, num_warps=4, num_stages=1,
+                   split_k=_gemv_split_k(out_features, in_features, 64, 64, _DOT_PROGRAMS),
+                   interleave_lanes=True, weights_lhs=True)
+      # All rows in one tile: split while the tiles give fewer programs than the H200's SMs.
+      return cls(block_m=next_power_of_2(m_rows), block_n=128, block_groups=32, num_warps=8,
+                 num_stages=1, split_k=_gemv_split_k(out_features, in_features, 128, 32, 132),
+                 interleave_lanes=True, weights_lhs=True)
     if m_rows <= 16:
       # float32 x: 32 outputs x 64 inputs per step (16 per code lane, the least a dot
       # contracts), as exact FMA tiles without split_float32.
