@@ -640,13 +640,40 @@ def session10_matmul_config(shape, dtype, op="forward"):
   m_rows, out_features, in_features = shape
   itemsize = jnp.dtype(dtype).itemsize
   if op == "input_grad":
-    tiles = M._dot_tiles(shape, dtype)  # pylint: disable=protected-access
-    return dataclasses.replace(tiles, split_k=1, split_float32=False)
+    return dataclasses.replace(lane_dot_tiles(shape, dtype), split_k=1, split_float32=False)
   if itemsize >= 4 and 4 <= m_rows <= 16:
     return M._fma_rows_config(m_rows, out_features, in_features)  # pylint: disable=protected-access
   if itemsize >= 4 and m_rows > 16:
     return M(method="decode", split_float32=False)
   return M.get_heuristics_config(shape, dtype)
+
+
+def lane_dot_tiles(shape, dtype):
+  """``MatmulConfig._dot_tiles`` as sessions 6-21 had it: per-lane dots, 3 stages.
+
+  Session 22 gave 16-bit ``x`` up to 64 rows joined tiles there; the other
+  cases are today's.
+  """
+  M = config_lib.MatmulConfig
+  m_rows, out_features, in_features = shape
+  if jnp.dtype(dtype).itemsize > 2 or m_rows > 64:
+    return M._dot_tiles(shape, dtype)  # pylint: disable=protected-access
+  if m_rows <= 16:
+    return M(block_m=16, block_n=64, block_groups=64, num_warps=4, num_stages=3,
+             split_k=config_lib.matmul._gemv_split_k(  # pylint: disable=protected-access
+                 out_features, in_features, 64, 64))
+  steps = -(-max(1, in_features // 4) // 32)
+  split = min(steps, config_lib.next_power_of_2(max(1, 256 // -(-out_features // 64))))
+  return M(block_m=max(16, config_lib.next_power_of_2(m_rows)), block_n=64, block_groups=32,
+           num_warps=4, num_stages=3, split_k=split)
+
+
+def lane_dot_heuristic(shape):
+  """Sessions 6-21's heuristic from 5 to 16 rows: 16-row per-lane dot tiles of 32 outputs,
+  one 512-input step per program."""
+  steps = max(1, -(-max(1, shape[2] // 4) // 128))
+  return config_lib.MatmulConfig(block_m=16, block_n=32, block_groups=128, num_warps=4,
+                                 num_stages=3, split_k=steps)
 
 
 def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
@@ -689,9 +716,7 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   elif m_rows <= 4:
     # Sessions 6-9's heuristic for 2-16 rows (16-row dot tiles, one 512-input step per
     # program), then the other dot tiles and the fma grid (rows sharing each weight's decode).
-    steps = max(1, -(-max(1, shape[2] // 4) // 128))
-    dot16 = M(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
-              split_k=steps)
+    dot16 = lane_dot_heuristic(shape)
     # Session 18: fma tiles of all rows were latency-bound (Nsight Compute: long-scoreboard
     # stalls, 40% occupancy with 8 blocks per SM for the pipeline's shared memory), so
     # shallower pipelines and more programs too.
@@ -753,8 +778,7 @@ def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
              register_prefetch=prefetch)
 
   if m_rows <= 16:
-    out.append(M(block_m=16, block_n=32, block_groups=128, num_warps=4, num_stages=3,
-                 split_k=-(-n_groups // 128)))  # sessions 6-21's heuristic from 5 rows
+    out.append(lane_dot_heuristic(shape))
     # Runs 2-3 (session 22): one step per program was the rule; with a 2-3 stage pipeline
     # every config of several steps took 2-3x longer, without one 1-2.4x. Run 6: several
     # steps with the next step's loads in registers (register_prefetch).
@@ -766,11 +790,7 @@ def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
         (64, 64, 4, 1, 16, True, True), (64, 64, 4, 1, 4, True, False)]]
   else:
     if m_rows <= 64:  # sessions 6-21's heuristic from 17 to 63 rows (per-lane dots), decode
-      block_m = max(16, config_lib.next_power_of_2(m_rows))
-      steps = -(-n_groups // 32)
-      split = min(steps, config_lib.next_power_of_2(max(1, 256 // -(-out_features // 64))))
-      out += [M(block_m=block_m, block_n=64, block_groups=32, num_warps=4, num_stages=3,
-                split_k=split), M(method="decode")]
+      out += [lane_dot_tiles(shape, jnp.bfloat16), M(method="decode")]  # 16-bit x's tiles
       out += [dataclasses.replace(base, register_prefetch=True),
               dataclasses.replace(base, register_prefetch=True, block_groups=64),
               dataclasses.replace(base, register_prefetch=True, split_k=2 * base.split_k)]
