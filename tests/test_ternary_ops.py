@@ -807,10 +807,10 @@ def test_interleaved_dot_tiles_give_the_exact_product(rng, implementation, dtype
     m_rows = int(rng.integers(2, 20))
     x_int = rng.integers(-8, 9, (m_rows, in_features)).astype(np.float32)
     exact = exact_product(x_int, codes, C, scale)
+    run = lambda tile: np.asarray(matmul_kernels.ternary_matmul(  # noqa: E731
+        cast(x_int, dtype), packed, scale, C=C, out_dtype=jnp.float32, config=tile,
+        interpret=implementation == "interpret"))
     for tile in tiles:
-      run = lambda tile: np.asarray(matmul_kernels.ternary_matmul(  # noqa: E731
-          cast(x_int, dtype), packed, scale, C=C, out_dtype=jnp.float32, config=tile,
-          interpret=implementation == "interpret"))
       np.testing.assert_array_equal(run(tile), exact, err_msg=f"{tile} in={in_features}")
     lane_dots = dataclasses.replace(tiles[0], interleave_lanes=False)
     np.testing.assert_array_equal(run(lane_dots), exact, err_msg=f"{lane_dots} in={in_features}")
