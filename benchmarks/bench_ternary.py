@@ -751,6 +751,30 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   return list(dict.fromkeys(out))
 
 
+def _joined_tiles(in_features, block_m, block_n, groups, warps, stages, steps_per_program,
+                  **fields):
+  """Joined dot tiles (``interleave_lanes``) with ``in`` split into slabs of
+  ``steps_per_program`` steps of ``groups`` groups; ``fields``: the other config fields."""
+  steps = -(-max(1, in_features // 4) // groups)
+  return config_lib.MatmulConfig(
+      block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
+      num_stages=stages, split_k=-(-steps // steps_per_program), interleave_lanes=True,
+      **fields)
+
+
+def _gemm_tiles(shape, block_n, groups, warps, stages, **fields):
+  """Joined GEMM tiles of up to 128 rows (a power of 2, at least 16) for ``(M, out,
+  in)``, ``in`` split while the tiles give fewer programs than the H200's 132 SMs."""
+  m_rows, out_features, in_features = shape
+  block_m = min(128, max(16, config_lib.next_power_of_2(m_rows)))
+  n_tiles = -(-m_rows // block_m) * -(-out_features // block_n)
+  steps = -(-max(1, in_features // 4) // groups)
+  split = min(steps, config_lib.next_power_of_2(max(1, 132 // n_tiles))) if n_tiles < 132 else 1
+  return config_lib.MatmulConfig(
+      block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
+      num_stages=stages, split_k=split, interleave_lanes=True, **fields)
+
+
 def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   """The heuristic, then dot tiles with the code lanes joined into one tile of ``t``
   (``MatmulConfig.interleave_lanes``: one dot per step on ``x`` as it is), ``t`` on the
@@ -764,18 +788,14 @@ def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   ``t`` on the right; without a software pipeline, or with the next step's
   loads carried in registers (``register_prefetch``).
   """
-  m_rows, out_features, in_features = shape
+  m_rows, _, in_features = shape
   M = config_lib.MatmulConfig
   base = M.get_heuristics_config(shape, dtype)
   out = [base]
-  n_groups = max(1, in_features // 4)
 
   def tiles(block_m, block_n, groups, warps, stages, steps_per_program, lhs, prefetch=False):
-    steps = -(-n_groups // groups)
-    split = -(-steps // steps_per_program)
-    return M(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
-             num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=lhs,
-             register_prefetch=prefetch)
+    return _joined_tiles(in_features, block_m, block_n, groups, warps, stages,
+                         steps_per_program, weights_lhs=lhs, register_prefetch=prefetch)
 
   if m_rows <= 16:
     out.append(lane_dot_heuristic(shape))
@@ -794,17 +814,12 @@ def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
       out += [dataclasses.replace(base, register_prefetch=True),
               dataclasses.replace(base, register_prefetch=True, block_groups=64),
               dataclasses.replace(base, register_prefetch=True, split_k=2 * base.split_k)]
-    for block_m, block_n, groups, warps, stages, lhs in [
-        (128, 128, 16, 8, 1, True), (128, 128, 32, 8, 1, True), (128, 64, 16, 4, 1, True),
-        (128, 128, 16, 8, 1, False)]:
-      block_m = min(block_m, max(16, config_lib.next_power_of_2(m_rows)))
-      n_tiles = -(-m_rows // block_m) * -(-out_features // block_n)
-      steps = -(-n_groups // groups)
-      split = min(steps, config_lib.next_power_of_2(max(1, 132 // n_tiles))) if n_tiles < 132 else 1
+    for block_n, groups, warps, stages, lhs in [
+        (128, 16, 8, 1, True), (128, 32, 8, 1, True), (64, 16, 4, 1, True),
+        (128, 16, 8, 1, False)]:
       for prefetch in (False, True):
-        out.append(M(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
-                     num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=lhs,
-                     register_prefetch=prefetch))
+        out.append(_gemm_tiles(shape, block_n, groups, warps, stages, weights_lhs=lhs,
+                               register_prefetch=prefetch))
   return list(dict.fromkeys(out))
 
 
@@ -819,17 +834,12 @@ def pipeline_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   with ``t`` on the left, 2-4 stages, split while the tiles give fewer programs than
   the H200's 132 SMs.
   """
-  m_rows, out_features, in_features = shape
-  M = config_lib.MatmulConfig
-  out = [M.get_heuristics_config(shape, dtype)]
-  n_groups = max(1, in_features // 4)
+  m_rows, _, in_features = shape
+  out = [config_lib.MatmulConfig.get_heuristics_config(shape, dtype)]
 
   def tiles(block_m, block_n, groups, warps, stages, steps_per_program, transposed=True):
-    steps = -(-n_groups // groups)
-    split = max(1, -(-steps // steps_per_program))
-    return M(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
-             num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=True,
-             transposed_lane_loads=transposed)
+    return _joined_tiles(in_features, block_m, block_n, groups, warps, stages,
+                         steps_per_program, weights_lhs=True, transposed_lane_loads=transposed)
 
   if m_rows <= 16:
     out.append(dataclasses.replace(out[0], transposed_lane_loads=True))
@@ -839,17 +849,13 @@ def pipeline_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
     out += [tiles(16, 64, 32, 4, stages, steps) for stages in (3, 4) for steps in (4, 8, 16)]
     out += [tiles(16, 128, 32, 8, stages, steps) for stages in (2, 3) for steps in (4, 8)]
   else:
-    for block_n, groups, warps, stages in [
-        (128, 16, 8, 2), (128, 16, 8, 3), (128, 32, 8, 2), (128, 32, 8, 3), (128, 16, 8, 4),
-        (64, 32, 4, 3), (64, 16, 4, 4)]:
-      block_m = min(128, max(16, config_lib.next_power_of_2(m_rows)))
-      n_tiles = -(-m_rows // block_m) * -(-out_features // block_n)
-      steps = -(-n_groups // groups)
-      split = min(steps, config_lib.next_power_of_2(max(1, 132 // n_tiles))) if n_tiles < 132 else 1
-      out.append(M(block_m=block_m, block_n=block_n, block_groups=groups, num_warps=warps,
-                   num_stages=stages, split_k=split, interleave_lanes=True, weights_lhs=True,
-                   transposed_lane_loads=True))
-    out.append(dataclasses.replace(out[3], transposed_lane_loads=False))
+    # Transposed lanes, and one config with the lanes as they are (the last).
+    for block_n, groups, warps, stages, transposed in [
+        (128, 16, 8, 2, True), (128, 16, 8, 3, True), (128, 32, 8, 2, True),
+        (128, 32, 8, 3, True), (128, 16, 8, 4, True), (64, 32, 4, 3, True),
+        (64, 16, 4, 4, True), (128, 32, 8, 2, False)]:
+      out.append(_gemm_tiles(shape, block_n, groups, warps, stages, weights_lhs=True,
+                             transposed_lane_loads=transposed))
   return list(dict.fromkeys(out))
 
 
@@ -1275,7 +1281,8 @@ def main(argv=None):
                            "10's configs (no --before-matmul needed)")
   parser.add_argument("--sweep", choices=("default", "interleave", "pipeline"), default="default",
                       help="matmul part, forward: the configs (interleave: dot tiles with the "
-                           "code lanes joined, interleave_sweep_configs)")
+                           "code lanes joined, interleave_sweep_configs; pipeline: those tiles "
+                           "in Triton's pipeline, pipeline_sweep_configs)")
   parser.add_argument("--op", choices=("forward", "input_grad"), default="forward",
                       help="matmul part: the forward or the input gradient")
   parser.add_argument("--before-update", default=None,
