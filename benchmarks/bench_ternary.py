@@ -823,42 +823,6 @@ def interleave_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   return list(dict.fromkeys(out))
 
 
-def pipeline_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
-  """The heuristic, then joined dot tiles with several steps per program in Triton's
-  software pipeline (2-4 stages), the packed lanes loaded as they are or transposed
-  (``MatmulConfig.transposed_lane_loads``: staged in shared memory rows-fastest, where
-  loaded as they are a warp's reads of a lane hit two banks).
-
-  ``M <= 16``: 16-row tiles of 64-128 outputs, 128-256 inputs per step, 2-16 steps
-  per program (``in`` split for the rest). ``M > 16``: GEMM tiles of up to 128 rows
-  with ``t`` on the left, 2-4 stages, split while the tiles give fewer programs than
-  the H200's 132 SMs.
-  """
-  m_rows, _, in_features = shape
-  out = [config_lib.MatmulConfig.get_heuristics_config(shape, dtype)]
-
-  def tiles(block_m, block_n, groups, warps, stages, steps_per_program, transposed=True):
-    return _joined_tiles(in_features, block_m, block_n, groups, warps, stages,
-                         steps_per_program, weights_lhs=True, transposed_lane_loads=transposed)
-
-  if m_rows <= 16:
-    out.append(dataclasses.replace(out[0], transposed_lane_loads=True))
-    out.append(tiles(16, 64, 64, 4, 3, 4, transposed=False))
-    out += [tiles(16, 64, 64, 4, stages, steps) for stages in (2, 3, 4)
-            for steps in (2, 4, 8, 16)]
-    out += [tiles(16, 64, 32, 4, stages, steps) for stages in (3, 4) for steps in (4, 8, 16)]
-    out += [tiles(16, 128, 32, 8, stages, steps) for stages in (2, 3) for steps in (4, 8)]
-  else:
-    # Transposed lanes, and one config with the lanes as they are (the last).
-    for block_n, groups, warps, stages, transposed in [
-        (128, 16, 8, 2, True), (128, 16, 8, 3, True), (128, 32, 8, 2, True),
-        (128, 32, 8, 3, True), (128, 16, 8, 4, True), (64, 32, 4, 3, True),
-        (64, 16, 4, 4, True), (128, 32, 8, 2, False)]:
-      out.append(_gemm_tiles(shape, block_n, groups, warps, stages, weights_lhs=True,
-                             transposed_lane_loads=transposed))
-  return list(dict.fromkeys(out))
-
-
 def part_matmul(args, budget, out) -> None:
   interpret = args.quick
   x_dtype = jnp.dtype(args.x_dtype)
@@ -907,8 +871,7 @@ def part_matmul(args, budget, out) -> None:
   per_case = {}
   for m_rows, shape in cases:
     if forward:
-      sweep = {"interleave": interleave_sweep_configs, "pipeline": pipeline_sweep_configs
-               }.get(args.sweep, matmul_sweep_configs)
+      sweep = {"interleave": interleave_sweep_configs}.get(args.sweep, matmul_sweep_configs)
       configs = sweep((m_rows,) + shape, x_dtype)
     else:  # (M, in, out)
       configs = config_lib.MatmulConfig.input_grad_candidates((m_rows, shape[1], shape[0]),
@@ -1279,10 +1242,9 @@ def main(argv=None):
                       help="matmul part: the config --before-matmul's kernels run at (session "
                            "5's heuristic, or today's); session10: today's kernels at session "
                            "10's configs (no --before-matmul needed)")
-  parser.add_argument("--sweep", choices=("default", "interleave", "pipeline"), default="default",
+  parser.add_argument("--sweep", choices=("default", "interleave"), default="default",
                       help="matmul part, forward: the configs (interleave: dot tiles with the "
-                           "code lanes joined, interleave_sweep_configs; pipeline: those tiles "
-                           "in Triton's pipeline, pipeline_sweep_configs)")
+                           "code lanes joined, interleave_sweep_configs)")
   parser.add_argument("--op", choices=("forward", "input_grad"), default="forward",
                       help="matmul part: the forward or the input gradient")
   parser.add_argument("--before-update", default=None,

@@ -783,8 +783,7 @@ def test_interleaved_dot_tiles_give_the_exact_product(rng, implementation, dtype
   the exact product bit for bit, and the per-lane dot tiles' result too.
   Word units (``in % 16 == 0``) and byte units, ragged ``M``, ``out`` and
   ``in`` steps, ``in`` split, the next step's loads carried in registers
-  (``register_prefetch``, 2-3 steps per program), the packed lanes loaded
-  transposed (``transposed_lane_loads``), float32 ``x`` as bfloat16
+  (``register_prefetch``, 2-3 steps per program), float32 ``x`` as bfloat16
   pieces, and a ``weights_lhs`` config without ``interleave_lanes`` is
   rejected.
   """
@@ -801,12 +800,7 @@ def test_interleaved_dot_tiles_give_the_exact_product(rng, implementation, dtype
            config(block_m=16, block_n=64, block_groups=16, num_warps=4, num_stages=1,
                   interleave_lanes=True, weights_lhs=True, register_prefetch=True),
            config(block_m=16, block_n=32, block_groups=16, num_warps=2, num_stages=1,
-                  split_k=2, interleave_lanes=True, register_prefetch=True),
-           config(block_m=16, block_n=64, block_groups=16, num_warps=4, num_stages=3,
-                  split_k=2, interleave_lanes=True, weights_lhs=True,
-                  transposed_lane_loads=True),
-           config(block_m=16, block_n=32, block_groups=32, num_warps=4, num_stages=2,
-                  interleave_lanes=True, transposed_lane_loads=True)]
+                  split_k=2, interleave_lanes=True, register_prefetch=True)]
   for in_features in (16 * (int(rng.integers(5, 12)) | 1), 4 * (int(rng.integers(9, 30)) | 1)):
     out_features, C = int(rng.integers(20, 60)) | 1, int(rng.integers(1, 12))
     codes, packed, scale, _ = random_state(rng, out_features, in_features, C)

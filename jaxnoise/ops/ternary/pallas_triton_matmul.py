@@ -156,7 +156,7 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
                    m_rows, n_out, n_units, block_m, block_n, block_units, steps_per_split, method,
                    compute_dtype, precision, partial_sums, x_vector=1, split_float32=False,
                    interleave_lanes=False, weights_lhs=False, register_prefetch=False,
-                   transposed_lane_loads=False, compiled=True):
+                   compiled=True):
   """One ``(block_m, block_n)`` output tile over one split of ``in``.
 
   ``x_ref`` holds ``x`` in lane order, ``(M, L, units)`` with
@@ -181,9 +181,7 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
     ``interleave_lanes`` the lanes are joined into one tile of ``t`` in
     ``x``'s column order (:func:`interleave`) and ``x_ref`` is ``x`` itself,
     ``(M, in)``: one dot per step. With ``register_prefetch`` step ``i +
-    1``'s loads are issued before step ``i``'s decode and dot. With
-    ``transposed_lane_loads`` each packed lane is loaded as a ``(units,
-    rows)`` tile and transposed in registers (:func:`_load_lanes_transposed`);
+    1``'s loads are issued before step ``i``'s decode and dot;
   * ``method="fma"`` (no tensor cores: for a few rows, where a dot pads to
     16): one ``fma.rn.f32`` of ``x`` and ``t`` per row and weight (exact
     products, so ``inf * 0`` is NaN as in the reference; each row's lanes
@@ -205,11 +203,8 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
     """Step ``i``'s three packed lanes ``(block_n, block_units)`` and ``L`` lanes of ``x``."""
     u0 = first_unit + i * block_units
     unit_mask = None if units_even else (u0 + _iota(block_units)) < n_units
-    if transposed_lane_loads:
-      raw = _load_lanes_transposed(packed_ref, n0, block_n, n_mask, u0, block_units, unit_mask)
-    else:
-      raw = _load_lanes(packed_ref, n0, block_n, u0, block_units, 3,
-                        _outer_and(n_mask, unit_mask, (block_n, block_units)), 0)
+    raw = _load_lanes(packed_ref, n0, block_n, u0, block_units, 3,
+                      _outer_and(n_mask, unit_mask, (block_n, block_units)), 0)
     if method == "fma":
       return tuple(raw), fetch_x_rows(u0, unit_mask)
     if interleave_lanes:  # x as it is, (M, in): the step's block_units * L columns.
@@ -304,22 +299,6 @@ def _matmul_kernel(x_ref, packed_ref, scale_ref, bases_ref, y_ref, *, C, layout:
 
   _store_tile(y_ref, scale_ref, acc, m0=m0, n0=n0, split=split, m_mask=m_mask, n_mask=n_mask,
               partial_sums=partial_sums)
-
-
-def _load_lanes_transposed(packed_ref, n0, block_n: int, n_mask, u0, block_units: int,
-                           unit_mask):
-  """The three packed lanes of a ``(block_n, block_units)`` unit tile, each loaded as
-  ``(block_units, block_n)`` (index arrays: units down, rows across) and transposed.
-
-  The same values as :func:`_load_lanes`; only the loads' register layout differs
-  (see ``MatmulConfig.transposed_lane_loads``).
-  """
-  rows = (n0 + _iota(block_n))[None, :]
-  units = (u0 + _iota(block_units))[:, None]
-  mask = _outer_and(unit_mask, n_mask, (block_units, block_n))
-  other = None if mask is None else 0
-  return [plgpu.load(packed_ref.at[rows, units, _I32(k)], mask=mask, other=other).T
-          for k in range(3)]
 
 
 def _split_steps(n_steps: int, split_k: int) -> tuple[int, int]:
@@ -474,7 +453,6 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
       split_float32=split and config.method == "dot", interleave_lanes=interleave_lanes,
       weights_lhs=interleave_lanes and config.weights_lhs,
       register_prefetch=config.method == "dot" and config.register_prefetch,
-      transposed_lane_loads=config.method == "dot" and config.transposed_lane_loads,
       compiled=not interpret)
   if partial_sums:
     out_shape = jax.ShapeDtypeStruct((splits, m_rows, out_features), _F32)

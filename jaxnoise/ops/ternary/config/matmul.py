@@ -92,17 +92,6 @@ class MatmulConfig:
       ``x``) before the current step's decode and dot and carry them in
       registers: a two-step software pipeline without shared memory, for
       ``num_stages=1`` (Triton's own pipeline off).
-    transposed_lane_loads: ``"dot"`` tiles load each packed word or byte lane
-      as a ``(units, rows)`` tile and transpose it in registers (a relabeling,
-      no data moved). A lane tile is strided in memory along both of its
-      dimensions; loaded ``(rows, units)``, each thread's registers run along
-      the rows while its warp's threads run along the units, and Triton's
-      software pipeline stages such a tile in shared memory in its register
-      order, so a warp's reads of one lane hit two of the 32 banks (a 16-way
-      conflict). Loaded transposed, both orders can run along the rows: read
-      offline (the ``triton`` 3.9 package's TTGIR) for 16-row tiles of 64
-      outputs x 256 inputs with 4 warps, not for smaller steps or GEMM tiles,
-      where Triton spreads each thread's registers differently.
   """
 
   block_m: int = 64
@@ -120,7 +109,6 @@ class MatmulConfig:
   interleave_lanes: bool = False
   weights_lhs: bool = False
   register_prefetch: bool = False
-  transposed_lane_loads: bool = False
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
@@ -148,8 +136,7 @@ class MatmulConfig:
         or self.split_k < 1):
       raise ValueError(f"MatmulConfig.split_k must be a positive int, got {self.split_k!r}")
     for name in ("allow_tf32", "word_loads", "x_vector_loads", "split_float32",
-                 "interleave_lanes", "weights_lhs", "register_prefetch",
-                 "transposed_lane_loads"):
+                 "interleave_lanes", "weights_lhs", "register_prefetch"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"MatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
     if self.weights_lhs and not self.interleave_lanes:
