@@ -48,7 +48,8 @@ never puts a NaN or inf into the parameters, and it is never silent.
 The check reads every update and every optimizer-state leaf once more, and
 the selects that drop a generation are passes of their own: on one (8192,
 8192) layer of an H200 (``benchmarks/RESULTS.md``, session 9) they cost 8-9%
-of an SGD generation and 22-24% of an Adam one. ``check_finite=False`` leaves
+of an SGD generation and 22-24% of an Adam one; on an H100, whose memory is
+slower, 24% of an SGD generation (session 24). ``check_finite=False`` leaves
 them out, as optax does: the estimate is still finite by construction (shaped
 fitness and noise are bounded), so with finite parameters and optimizer
 state and no weight decay, SGD and Adam give finite updates unless the
