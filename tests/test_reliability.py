@@ -4,6 +4,8 @@ One test (or a small group) per class of the issue; each failed on the code befo
 (silent wrong result or cryptic error). The property-based sweep is tests/test_properties.py.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,6 +74,37 @@ def test_es_drops_and_counts_a_non_finite_optimizer_state():
   assert int(new.dropped_count) == 1
   np.testing.assert_array_equal(np.asarray(updates["x"]), 0.0)
   assert new.generation == 1
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_es_zeroes_and_counts_non_finite_update_entries(jit):
+  """Non-finite update entries with a finite optimizer state (a weight decay overflowing on
+  huge parameters, SGD): those entries are zero, every other entry is the unchecked
+  update's, and the generation is counted once. With momentum the same overflow reaches
+  the optimizer state, and the whole generation is dropped (and counted)."""
+  make = functools.partial(jaxnoise.optim.evolution_strategy, 0.1, pop_size=4,
+                           weight_decay=10.0, implementation="reference")
+  params = {"x": jnp.array([1.0, 3e38, -2.0, -3e38, 0.5]), "y": jnp.ones((2, 3))}
+  fitness = jnp.array([0.3, -1.0, 2.0, 0.1])
+  huge = np.array([False, True, False, True, False])
+  checked, unchecked = make(optax.sgd(0.5)), make(optax.sgd(0.5), check_finite=False)
+  state = checked.init(params)
+  updates, new = (jax.jit(checked.update) if jit else checked.update)(fitness, state, params)
+  want, _ = unchecked.update(fitness, state, params)
+  assert not np.isfinite(np.asarray(want["x"])[huge]).any()
+  np.testing.assert_array_equal(np.asarray(updates["x"])[huge], 0.0)
+  np.testing.assert_allclose(np.asarray(updates["x"])[~huge], np.asarray(want["x"])[~huge],
+                             rtol=1e-6)
+  np.testing.assert_allclose(updates["y"], want["y"], rtol=1e-6)
+  assert np.any(np.asarray(updates["x"])[~huge] != 0)
+  assert int(new.dropped_count) == 1 and int(new.generation) == 1
+
+  momentum = make(optax.sgd(0.5, momentum=0.9))
+  state = momentum.init(params)
+  updates, new = (jax.jit(momentum.update) if jit else momentum.update)(fitness, state, params)
+  jax.tree.map(lambda u: np.testing.assert_array_equal(u, 0.0), updates)
+  jax.tree.map(np.testing.assert_array_equal, new.inner_state, state.inner_state)
+  assert int(new.dropped_count) == 1
 
 
 def test_es_accepts_a_state_without_the_new_counters():

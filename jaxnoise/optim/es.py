@@ -39,17 +39,26 @@ float32 limit cannot overflow the mean or the variance.
 
 Finite updates
 --------------
-Whatever the fitness, a generation whose updates or new inner-optimizer state
-hold a NaN or inf (e.g. an optimizer state that overflowed earlier, or a
-weight decay on huge parameters) is dropped: the updates are zeros, the inner
-state is kept, and ``state.dropped_count`` counts it. So a finite fitness
-never puts a NaN or inf into the parameters, and it is never silent.
+Whatever the fitness, nothing that is not finite reaches the parameters or
+the optimizer state, and ``state.dropped_count`` counts every generation in
+which something was dropped:
 
-The check reads every update and every optimizer-state leaf once more, and
-the selects that drop a generation are passes of their own: on one (8192,
-8192) layer of an H200 (``benchmarks/RESULTS.md``, session 9) they cost 8-9%
-of an SGD generation and 22-24% of an Adam one; on an H100, whose memory is
-slower, 24% of an SGD generation (session 24). ``check_finite=False`` leaves
+* a generation whose new inner-optimizer state holds a NaN or inf (e.g. an
+  optimizer state that overflowed earlier, or momentum of an overflowed
+  update) is dropped whole: the updates are zeros and the inner state is kept;
+* otherwise each NaN or inf entry of the updates (e.g. a weight decay
+  overflowing on huge parameters) is zeroed on its own, as ``optax.zero_nans``
+  does for NaNs, and the other entries apply.
+
+The updates are checked entry by entry so that the check is a reduction
+beside the parameters' addition, not a pass that the addition waits for: XLA
+forms both in one pass over the updates. The optimizer state's check reads
+every state leaf once more and the select that keeps the old state is a pass
+of its own (Adam: its moments). With the whole-generation check on the
+updates too (before session 24), these passes cost 8-9% of an SGD generation
+and 22-24% of an Adam one on one (8192, 8192) layer of an H200
+(``benchmarks/RESULTS.md``, session 9), and 24% of an SGD generation on an
+H100, whose memory is slower (session 24). ``check_finite=False`` leaves
 them out, as optax does: the estimate is still finite by construction (shaped
 fitness and noise are bounded), so with finite parameters and optimizer
 state and no weight decay, SGD and Adam give finite updates unless the
@@ -307,6 +316,13 @@ def _all_finite(tree: Any) -> jax.Array:
   return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
 
 
+def _zero_nonfinite(value: jax.Array) -> jax.Array:
+  """``value`` with its NaN and +-inf entries replaced by zeros (non-floating leaves as they are)."""
+  if hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.inexact):
+    return jnp.where(jnp.isfinite(value), value, jnp.zeros_like(value))
+  return value
+
+
 def replace_nonfinite(fitness: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Replace NaN / +-inf by the worst (smallest) finite value.
 
@@ -365,8 +381,9 @@ class EvolutionStrategy:
     seed: integer seed of the default key.
     rank: None (full rank), or the rank of the low-rank noise of the
       matrices (linear kernels of a model, 2-D leaves of a pytree).
-    check_finite: drop (and count) a generation whose updates or new
-      optimizer state are not finite; False skips the check.
+    check_finite: drop (and count) a generation whose new optimizer state is
+      not finite, and zero (and count) non-finite update entries; False skips
+      the check.
   """
 
   sigma: float
@@ -560,13 +577,17 @@ class EvolutionStrategy:
       ascent = jax.lax.optimization_barrier(ascent)
     loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
     updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
-    # The library owns this state: a non-finite update or optimizer state is
-    # dropped (and counted), never applied.
+    # The library owns this state: a non-finite optimizer state drops the whole
+    # generation, a non-finite update entry is zeroed; either is counted, neither applied.
+    # The entries' check is a reduction beside the parameters' addition, not before it,
+    # so XLA forms both in one pass over the updates (a multi-output fusion).
     if self.check_finite:
-      dropped = ~(_all_finite(updates) & _all_finite(inner_state))
+      state_dropped = ~_all_finite(inner_state)
+      dropped = state_dropped | ~_all_finite(updates)
+      updates = jax.tree.map(_zero_nonfinite, updates)
     else:
-      dropped = jnp.zeros((), bool)
-    skip = dropped | (count > 0) if self.nonfinite == "skip" else dropped
+      state_dropped = dropped = jnp.zeros((), bool)
+    skip = state_dropped | (count > 0) if self.nonfinite == "skip" else state_dropped
     # Sealed (an addition): optax.apply_updates' ``params + updates`` cannot absorb the
     # optimizer's last product as a fused multiply-add in one program and not another.
     # (Not after XLA's GEMM: the seal's second use of the update would keep XLA from
@@ -622,10 +643,10 @@ def evolution_strategy(
     maximize: True if larger fitness is better, False for a loss.
     weight_decay: L2 coefficient added to the gradient (>= 0).
     nonfinite: ``"worst"`` or ``"skip"`` (see the module docstring).
-    check_finite: drop and count a generation whose updates or new optimizer
-      state hold a NaN or inf (default). False leaves the check and its
-      passes over the updates and state out (see "Finite updates" in the
-      module docstring).
+    check_finite: drop and count a generation whose new optimizer state
+      holds a NaN or inf, and zero and count the updates' NaN and inf entries
+      (default). False leaves the check and its passes over the updates and
+      state out (see "Finite updates" in the module docstring).
     kind: noise kind.
     implementation: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
     config: None, a kernel config or a tuple of them, at most one per type,
