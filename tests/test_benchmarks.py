@@ -196,3 +196,15 @@ def test_update_warps_probe_quick(tmp_path):
   with open(tmp_path / "probe_update_warps.json") as f:
     rows = json.load(f)["results"]
   assert rows and all(row["check"]["within_spec"] for row in rows.values()), rows
+
+
+@pytest.mark.parametrize("form", ["library", "no-check", "whole"])
+def test_offline_finite_check_lowers_each_form_for_cuda(form):
+  """``offline_finite_check.py`` lowers each form of the check for CUDA on any machine (the
+  deviceless compile itself needs the PJRT CUDA plugin), and only the forms with a check
+  test finiteness."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+  import offline_finite_check  # pylint: disable=g-import-not-at-top
+  text = offline_finite_check.lowered_step(form).as_text()
+  assert "8192x8192xbf16" in text
+  assert ("is_finite" in text) == (form != "no-check")
