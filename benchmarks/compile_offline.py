@@ -41,6 +41,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 # A GpuTargetConfigProto (text) for an H200: the H100 SXM spec of XLA's
@@ -140,6 +141,19 @@ class DevicelessCompiler:
     self._call(_COMPILE, _Compile(ctypes.sizeof(_Compile), None, self._topology,
                                   ctypes.addressof(program), compile_options,
                                   len(compile_options), None, None))
+
+
+def optimized_entry(plugin_path: str, lowered) -> str:
+  """The ENTRY computation of XLA's optimised HLO for ``lowered`` (a ``jax.stages.Lowered``
+  for CUDA), compiled deviceless by the plugin at ``plugin_path``."""
+  from jax._src import compiler  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as directory:
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    options.executable_build_options.debug_options.xla_dump_to = directory
+    DevicelessCompiler(plugin_path).compile(lowered.as_text().encode(),
+                                            options.SerializeAsString())
+    (optimized,) = pathlib.Path(directory).glob("*gpu_after_optimizations.txt")
+    return optimized.read_text().split("\nENTRY ", 1)[1]
 
 
 # ---------------------------------------------------------------------------

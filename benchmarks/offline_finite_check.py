@@ -26,7 +26,6 @@ import dataclasses
 import pathlib
 import re
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -36,31 +35,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import compile_offline  # noqa: E402  pylint: disable=g-import-not-at-top
 import jaxnoise  # noqa: E402
-from jaxnoise.optim import es as es_lib  # noqa: E402
+import probe_es_step  # noqa: E402  pylint: disable=g-import-not-at-top
 
 POP, WIDTH, SIGMA = 1024, 8192, 0.01
 FORMS = ("library", "no-check", "whole")
-
-
-@dataclasses.dataclass(frozen=True)
-class _WholeGenerationCheck(jaxnoise.optim.EvolutionStrategy):
-  """The check before session 24: any non-finite update entry drops the generation."""
-
-  def apply_gradient(self, ascent, nonfinite_count, state, params, rescaled_count=None):
-    # pylint: disable=protected-access
-    param_tree = self._params(params)
-    ascent = jax.lax.optimization_barrier(ascent)
-    loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
-    updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
-    dropped = ~(es_lib._all_finite(updates) & es_lib._all_finite(inner_state))
-    updates = jax.tree.map(lambda u: es_lib._seal(jnp.where(dropped, jnp.zeros_like(u), u)),
-                           updates)
-    inner_state = jax.tree.map(lambda new, old: jnp.where(dropped, old, new), inner_state,
-                               state.inner_state)
-    return updates, state._replace(
-        generation=state.generation + 1, inner_state=inner_state,
-        nonfinite_count=state.nonfinite_count + nonfinite_count,
-        dropped_count=state.dropped_count + dropped.astype(jnp.int32))
 
 
 def lowered_step(form: str):
@@ -69,7 +47,7 @@ def lowered_step(form: str):
   if form == "no-check":
     es = dataclasses.replace(es, check_finite=False)
   elif form == "whole":
-    es = _WholeGenerationCheck(**{f.name: getattr(es, f.name) for f in dataclasses.fields(es)})
+    es = probe_es_step.with_apply(probe_es_step.WholeGenerationCheck, es)
 
   def step(params, es_state, ascent):
     updates, es_state = es.apply_gradient({"w": ascent}, jnp.zeros((), jnp.int32), es_state,
@@ -90,21 +68,13 @@ def main(argv=None):
   parser.add_argument("--form", choices=FORMS, action="append",
                       help="repeatable (default: all)")
   args = parser.parse_args(argv)
-  from jax._src import compiler  # pylint: disable=g-import-not-at-top
   for form in args.form or FORMS:
-    lowered = lowered_step(form)
-    with tempfile.TemporaryDirectory() as directory:
-      options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
-      options.executable_build_options.debug_options.xla_dump_to = directory
-      compile_offline.DevicelessCompiler(args.plugin).compile(
-          lowered.as_text().encode(), options.SerializeAsString())
-      (optimized,) = pathlib.Path(directory).glob("*gpu_after_optimizations.txt")
-      entry = optimized.read_text().split("\nENTRY ", 1)[1]
+    entry = compile_offline.optimized_entry(args.plugin, lowered_step(form))
     print(f"{form}:")
     for line in entry.splitlines()[1:]:
-      match = re.match(r"\s*(?:ROOT )?%(\S+) = (.+?) fusion\(([^)]*)\)", line)
+      match = re.match(r"\s*(?:ROOT )?%(\S+) = (.+?) fusion\(", line)
       if match:
-        name, shape, operands = match.groups()
+        name, shape = match.groups()
         # An output of the layer's shape, or one per row of it: the kernel reads the layer.
         layer_pass = "  <- a pass over the layer" if str(WIDTH) in shape else ""
         print(f"  {name:30s} {shape[:48]:48s}{layer_pass}")

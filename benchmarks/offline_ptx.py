@@ -135,7 +135,7 @@ def matmul_case(args):
   dtype = jnp.dtype(args.dtype)
   config = config_lib.MatmulConfig.get_heuristics_config((m_rows, out_features, in_features),
                                                          dtype)
-  config = dataclasses.replace(config, **_overrides(args.set))
+  config = dataclasses.replace(config, **parse_overrides(args.set))
 
   def fn(x, packed, scale):
     return pallas_triton_matmul.ternary_matmul(x, packed, scale, C=11, out_dtype=dtype,
@@ -186,7 +186,7 @@ def decode_case(args):
   return fn, shapes, config, config.block_rows * 4 * config.block_groups
 
 
-def _overrides(pairs) -> dict:
+def parse_overrides(pairs) -> dict:
   """``["block_n=64", "interleave_lanes=True"]`` -> ``{"block_n": 64, ...}`` (Python literals)."""
   out = {}
   for pair in pairs or ():

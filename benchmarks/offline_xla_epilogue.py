@@ -20,7 +20,6 @@ import math
 import pathlib
 import re
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -50,18 +49,11 @@ def main(argv=None):
   parser.add_argument("--rank", type=int, default=1)
   parser.add_argument("--kind", default="binomial")
   args = parser.parse_args(argv)
-  from jax._src import compiler  # pylint: disable=g-import-not-at-top
   spec = jax.ShapeDtypeStruct
   lowered = jax.jit(lambda x, w, s: forward(x, w, s, rank=args.rank, kind=args.kind)).trace(
       spec((POP, 1, WIDTH), jnp.bfloat16), spec((WIDTH, WIDTH), jnp.bfloat16),
       spec((POP,), jnp.uint32)).lower(lowering_platforms=("cuda",))
-  with tempfile.TemporaryDirectory() as directory:
-    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
-    options.executable_build_options.debug_options.xla_dump_to = directory
-    compile_offline.DevicelessCompiler(args.plugin).compile(
-        lowered.as_text().encode(), options.SerializeAsString())
-    (optimized,) = pathlib.Path(directory).glob("*gpu_after_optimizations.txt")
-    entry = optimized.read_text().split("\nENTRY ", 1)[1]
+  entry = compile_offline.optimized_entry(args.plugin, lowered)
   for line in entry.splitlines()[1:]:
     match = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+) (fusion|custom-call)\(([^)]*)\), kind=(\w+)",
                      line)

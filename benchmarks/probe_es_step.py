@@ -89,6 +89,25 @@ def make_step(dtype, *, ranks: bool, rank: int = 1, fused_tiles: str | None = No
   return step
 
 
+def _whole_generation_apply(es, ascent, nonfinite_count, state, params, keep_state):
+  """``apply_gradient`` with the check before session 24: a NaN or inf anywhere in the
+  updates or the new optimizer state drops the whole generation (updates zero);
+  ``keep_state(dropped, old, new)`` chooses the optimizer state."""
+  # pylint: disable=protected-access
+  param_tree = es._params(params)
+  ascent = jax.lax.optimization_barrier(ascent)
+  loss_gradient = jax.tree.map(es._loss_gradient, ascent, param_tree)
+  updates, inner_state = es.optimizer.update(loss_gradient, state.inner_state, param_tree)
+  dropped = ~(es_lib._all_finite(updates) & es_lib._all_finite(inner_state))
+  updates = jax.tree.map(lambda u: es_lib._seal(jnp.where(dropped, jnp.zeros_like(u), u)),
+                         updates)
+  return updates, state._replace(
+      generation=state.generation + 1,
+      inner_state=keep_state(dropped, state.inner_state, inner_state),
+      nonfinite_count=state.nonfinite_count + nonfinite_count,
+      dropped_count=state.dropped_count + dropped.astype(jnp.int32))
+
+
 @dataclasses.dataclass(frozen=True)
 class _CondSkip(jaxnoise.optim.EvolutionStrategy):
   """The transform with the inner state chosen by ``lax.cond`` instead of ``where``.
@@ -98,20 +117,26 @@ class _CondSkip(jaxnoise.optim.EvolutionStrategy):
   """
 
   def apply_gradient(self, ascent, nonfinite_count, state, params, rescaled_count=None):
-    # pylint: disable=protected-access
-    param_tree = self._params(params)
-    ascent = jax.lax.optimization_barrier(ascent)
-    loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
-    updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)
-    dropped = ~(es_lib._all_finite(updates) & es_lib._all_finite(inner_state))
-    inner_state = jax.lax.cond(dropped, lambda old, new: old, lambda old, new: new,
-                               state.inner_state, inner_state)
-    updates = jax.tree.map(lambda u: es_lib._seal(jnp.where(dropped, jnp.zeros_like(u), u)),
-                           updates)
-    return updates, state._replace(
-        generation=state.generation + 1, inner_state=inner_state,
-        nonfinite_count=state.nonfinite_count + nonfinite_count,
-        dropped_count=state.dropped_count + dropped.astype(jnp.int32))
+    return _whole_generation_apply(
+        self, ascent, nonfinite_count, state, params,
+        lambda dropped, old, new: jax.lax.cond(dropped, lambda o, n: o, lambda o, n: n,
+                                               old, new))
+
+
+@dataclasses.dataclass(frozen=True)
+class WholeGenerationCheck(jaxnoise.optim.EvolutionStrategy):
+  """The transform with the check before session 24, the inner state chosen by ``where``
+  (``benchmarks/offline_finite_check.py`` compiles it beside the per-entry check)."""
+
+  def apply_gradient(self, ascent, nonfinite_count, state, params, rescaled_count=None):
+    return _whole_generation_apply(
+        self, ascent, nonfinite_count, state, params,
+        lambda dropped, old, new: jax.tree.map(lambda o, n: jnp.where(dropped, o, n), old, new))
+
+
+def with_apply(cls, es):
+  """``es`` (an ``EvolutionStrategy``) as the subclass ``cls``, every field kept."""
+  return cls(**{field.name: getattr(es, field.name) for field in dataclasses.fields(es)})
 
 
 def make_es_step(dtype, optimizer_name: str, rank: int = 1, skip_form: str = "where"):
@@ -128,7 +153,7 @@ def make_es_step(dtype, optimizer_name: str, rank: int = 1, skip_form: str = "wh
   if skip_form == "no check":
     es = dataclasses.replace(es, check_finite=False)
   elif skip_form == "cond state":
-    es = _CondSkip(**{field.name: getattr(es, field.name) for field in dataclasses.fields(es)})
+    es = with_apply(_CondSkip, es)
 
   def step(params, es_state, x):
     seeds, _ = es.ask(es_state)

@@ -12,7 +12,6 @@ cases: one and two rows at 4096^2 and 8192^2 (session 18). Run it under
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import os
@@ -22,7 +21,9 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import offline_ptx  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxnoise.ops.ternary import pallas_triton_matmul, reference  # noqa: E402
 from jaxnoise.ops.ternary.config import MatmulConfig  # noqa: E402
 
@@ -35,11 +36,7 @@ def parse_case(spec: str) -> tuple[tuple[int, int, int], dict]:
   shape = tuple(int(d) for d in dims.split("x"))
   if len(shape) != 3:
     raise ValueError(f"a case is MxOUTxIN[:field=value,...], got {spec!r}")
-  overrides = {}
-  for pair in filter(None, fields.split(",")):
-    name, _, value = pair.partition("=")
-    overrides[name.strip()] = ast.literal_eval(value.strip())
-  return shape, overrides
+  return shape, offline_ptx.parse_overrides(filter(None, fields.split(",")))
 
 
 def main(specs):

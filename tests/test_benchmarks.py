@@ -5,6 +5,7 @@ they must not rot between GPU sessions. Each case must finish without an
 error record; the kernels run through the Pallas interpreter.
 """
 
+import importlib
 import json
 import os
 import subprocess
@@ -174,13 +175,18 @@ def test_from_io_blocks_probe_quick(tmp_path):
   assert len(checked) == len(rows) - 1 and all(c["within_spec"] for c in checked), rows
 
 
-def test_compile_probe_cases_trace():
-  """compile_probe.py's public-API cases (GPU-only kernels) trace with the reference ops."""
+def _benchmark_module(name: str):
+  """The module ``benchmarks/<name>.py``, imported."""
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   try:
-    import compile_probe  # pylint: disable=g-import-not-at-top
+    return importlib.import_module(name)
   finally:
     sys.path.pop(0)
+
+
+def test_compile_probe_cases_trace():
+  """compile_probe.py's public-API cases (GPU-only kernels) trace with the reference ops."""
+  compile_probe = _benchmark_module("compile_probe")
   import jax  # pylint: disable=g-import-not-at-top
   cases = compile_probe.low_rank_cases("reference") + compile_probe.ternary_cases("reference")
   names = [name for name, _, _ in cases]
@@ -203,8 +209,6 @@ def test_offline_finite_check_lowers_each_form_for_cuda(form):
   """``offline_finite_check.py`` lowers each form of the check for CUDA on any machine (the
   deviceless compile itself needs the PJRT CUDA plugin), and only the forms with a check
   test finiteness."""
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
-  import offline_finite_check  # pylint: disable=g-import-not-at-top
-  text = offline_finite_check.lowered_step(form).as_text()
+  text = _benchmark_module("offline_finite_check").lowered_step(form).as_text()
   assert "8192x8192xbf16" in text
   assert ("is_finite" in text) == (form != "no-check")

@@ -309,16 +309,20 @@ def _seal(value: jax.Array) -> jax.Array:
   return value
 
 
+def _inexact(leaf: Any) -> bool:
+  """Whether ``leaf`` is an array of floating (or complex) values: a leaf the check reads."""
+  return hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)
+
+
 def _all_finite(tree: Any) -> jax.Array:
   """True when every floating leaf of ``tree`` is finite (True for no such leaf)."""
-  flags = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)
-           if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+  flags = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree) if _inexact(leaf)]
   return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
 
 
 def _zero_nonfinite(value: jax.Array) -> jax.Array:
   """``value`` with its NaN and +-inf entries replaced by zeros (non-floating leaves as they are)."""
-  if hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.inexact):
+  if _inexact(value):
     return jnp.where(jnp.isfinite(value), value, jnp.zeros_like(value))
   return value
 
