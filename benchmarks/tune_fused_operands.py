@@ -21,6 +21,7 @@ the ``r`` factor vectors ``B_c`` made in registers; ``block_reduce``,
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import functools
 import itertools
@@ -43,6 +44,20 @@ from jaxnoise.ops.virtual_noise import pallas_triton_low_rank  # noqa: E402
 
 POP, FEATURES, COPIES, KIND, SIGMA = 1024, 8192, 8, "binomial", 0.01
 GRID = dict(block_reduce=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16), num_stages=(1, 3))
+
+
+def parse_grid(text: str) -> dict:
+  """``"name=v,v;name=v"`` -> the grid with those config fields' values (``None`` allowed).
+
+  Example:
+    >>> parse_grid("operand_components=None,1;num_warps=8")
+    {'operand_components': (None, 1), 'num_warps': (8,)}
+  """
+  grid = {}
+  for part in filter(None, text.split(";")):
+    name, values = part.split("=")
+    grid[name.strip()] = tuple(ast.literal_eval(v.strip()) for v in values.split(","))
+  return grid
 
 
 def _operands_fn(rank, config):
@@ -90,7 +105,13 @@ def main():
   parser.add_argument("--dtypes", default="bfloat16,float32")
   parser.add_argument("--budget", type=float, default=240.0)
   parser.add_argument("--out", default="benchmarks/out")
+  parser.add_argument("--grid", default="",
+                      help="config fields and values to sweep instead of the default grid, "
+                           "e.g. 'operand_components=None,1,2;block_reduce=2048,4096'")
   args = parser.parse_args()
+  if args.grid:
+    GRID.clear()
+    GRID.update(parse_grid(args.grid))
   if jax.default_backend() != "gpu":
     parser.error("needs a GPU")
   budget = _harness.Budget(args.budget)
@@ -117,8 +138,8 @@ def main():
                            ["dtype", "rank", *GRID, "heuristic", "operands_us"]), flush=True)
       candidates = {"heuristic": heuristic}
       for row in timed[:2]:
-        candidates[f"br{row['block_reduce']} w{row['num_warps']} s{row['num_stages']}"] = (
-            dataclasses.replace(heuristic, **{k: row[k] for k in GRID}))
+        label = " ".join(f"{k}={row[k]}" for k in GRID)
+        candidates[label] = dataclasses.replace(heuristic, **{k: row[k] for k in GRID})
       reference = None
       for label, config in candidates.items():
         out, busy = _forward_busy(xs[0], w, seeds, rank, config)
