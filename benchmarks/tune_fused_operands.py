@@ -50,8 +50,8 @@ def parse_grid(text: str) -> dict:
   """``"name=v,v;name=v"`` -> the grid with those config fields' values (``None`` allowed).
 
   Example:
-    >>> parse_grid("operand_components=None,1;num_warps=8")
-    {'operand_components': (None, 1), 'num_warps': (8,)}
+    >>> parse_grid("block_reduce=2048,4096;num_warps=8")
+    {'block_reduce': (2048, 4096), 'num_warps': (8,)}
   """
   grid = {}
   for part in filter(None, text.split(";")):
@@ -107,7 +107,7 @@ def main():
   parser.add_argument("--out", default="benchmarks/out")
   parser.add_argument("--grid", default="",
                       help="config fields and values to sweep instead of the default grid, "
-                           "e.g. 'operand_components=None,1,2;block_reduce=2048,4096'")
+                           "e.g. 'block_reduce=2048,4096;num_warps=4,8'")
   args = parser.parse_args()
   if args.grid:
     GRID.clear()

@@ -393,12 +393,12 @@ def functools_partial(fn, first):
 # its dispatch is followed on the CPU, and the kernel is lowered for CUDA.
 
 
-def _fused_operands(x, seeds, sigma, offset, kind, rank, out_f, components=None):
+def _fused_operands(x, seeds, sigma, offset, kind, rank, out_f):
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.virtual_noise import pallas_triton_low_rank as triton  # pylint: disable=g-import-not-at-top
   kind = noise_lib.get_kind(kind)
   _, b_layout = triton._factor_layouts(kind, offset, out_f, x.shape[-1], rank)  # pylint: disable=protected-access
-  config = config_lib.LowRankLinearConfig(block_reduce=64, operand_components=components)
+  config = config_lib.LowRankLinearConfig(block_reduce=64)
   return triton.fused_gemm_operands(x, seeds, sigma, reduce_layout=b_layout, rank=rank,
                                     word_hi=fused.word_hi(kind, offset), config=config,
                                     interpret=True)
@@ -419,30 +419,6 @@ def test_fused_forward_arithmetic_equals_dense_perturbation(rng, kind, offset, r
                               rank=rank, out_dtype=jnp.float32)
   expected = _dense_linear(x, weight, bias, seeds, 0.4, offset, kind, True, rank)
   np.testing.assert_allclose(y, expected, rtol=2e-5, atol=2e-5 * float(jnp.abs(expected).max()))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("offset,rank,components", [
-    (3, 4, 1), ((1 << 32) + 7, 3, 1), ((1 << 40) + 3, 4, 2), (11, 6, 4)])
-def test_fused_operands_split_over_programs_are_the_same(rng, kind, offset, rank, components):
-  """Components spread over several programs per pair give the one-program operands, bit for
-  bit (each component's sum takes the same steps), keys and bias coefficients included."""
-  pop, out_f, in_f = 6, 19, 150
-  x = _normal(rng, (pop, 1, in_f))
-  seeds = _seeds(rng, pop, antithetic=True)
-  together = _fused_operands(x, seeds, 0.3, offset, kind, rank, out_f)
-  split = _fused_operands(x, seeds, 0.3, offset, kind, rank, out_f, components=components)
-  for got, want in zip(split, together):
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-
-
-def test_operand_components_config():
-  from jaxnoise.ops.virtual_noise import pallas_triton_low_rank as triton  # pylint: disable=g-import-not-at-top
-  assert [triton.operand_components(config_lib.LowRankLinearConfig(operand_components=n), 6)
-          for n in (None, 1, 2, 3, 4, 5, 6, 9)] == [6, 1, 2, 3, 3, 3, 6, 6]
-  for bad in (0, -1, 1.5, True, "2"):
-    with pytest.raises(ValueError, match="operand_components"):
-      config_lib.LowRankLinearConfig(operand_components=bad).validate()
 
 
 def test_swar_popcount_equals_lax(rng):

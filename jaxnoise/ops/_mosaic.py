@@ -12,9 +12,6 @@ can take work into its epilogue (:mod:`jaxnoise.ops.virtual_noise.mosaic_gpu_low
   does.
 * :func:`load_rows` / :func:`load_columns` load a vector in the layout of a
   ``wgmma`` accumulator's rows or columns.
-* :func:`population_count` counts the bits of uint32 words in the layout of
-  a ``wgmma`` accumulator with one ``popc`` each (Mosaic GPU has no lowering
-  rule for ``lax.population_count``).
 
 Pallas has no interpreter for these kernels' collective allocations, so they
 run on a Hopper GPU only; CI lowers them for CUDA on the CPU
@@ -30,15 +27,11 @@ from typing import Any
 
 import jax
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from jax.extend.mlir.dialects import math as math_dialect
 
 from jaxnoise.ops import _common
 from jaxnoise.ops import _pallas
 
-__all__ = [
-    "SHARED_MEMORY_BYTES", "is_hopper", "kernel", "load_columns", "load_rows",
-    "population_count",
-]
+__all__ = ["SHARED_MEMORY_BYTES", "is_hopper", "kernel", "load_columns", "load_rows"]
 
 # Opt-in shared memory per block of a Hopper GPU (H100 and H200): 227 KiB.
 SHARED_MEMORY_BYTES = 232448
@@ -87,22 +80,3 @@ def load_columns(ref) -> jax.Array:
   """A ``(cols,)`` vector from ``ref`` in the layout of a wgmma accumulator's columns."""
   return _load(ref, plgpu.Layout.WGMMA.reduce(0))
 
-
-
-def population_count(words: jax.Array) -> jax.Array:
-  """Bits set in each of the uint32 ``words`` (the layout of a wgmma accumulator).
-
-  Inside a Mosaic GPU kernel only: the array's registers go through MLIR's
-  ``math.ctpop``, which compiles to one ``popc.b32`` per word, where the
-  SWAR count of :func:`jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank.popcount`
-  takes twelve integer operations. Same counts (a compiled test compares
-  them on a GPU).
-  """
-  layout = plgpu.Layout.WGMMA
-
-  @plgpu.inline_mgpu(arg_types=(layout,),
-                     return_type=plgpu.ShapeDtypeStruct(words.shape, words.dtype, layout))
-  def count(_, array):
-    return array._pointwise(math_dialect.ctpop)  # pylint: disable=protected-access
-
-  return count(words)

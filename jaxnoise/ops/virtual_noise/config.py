@@ -340,11 +340,6 @@ class LowRankLinearConfig:
       the programs of every pair tile in turn, ``x`` kept in L2) was the
       fastest of 1-16 on an H200 (session 14: 2-2.5 µs ahead of 4 in bf16 at
       ranks 1 and 4, 3.4 µs in float32).
-    operand_components: factor components per program of the fused GEMM's
-      operands kernel (``x_i B_i``): None takes all ``r`` in one program per
-      pair; a smaller value splits a pair's components over several programs
-      (the largest divisor of ``r`` up to it), more programs whose loads and
-      hashing overlap.
   """
 
   block_batch: int = 1
@@ -359,7 +354,6 @@ class LowRankLinearConfig:
   gemm_tile_k: int = 64
   gemm_stages: int = 4
   gemm_grid_width: int = 1
-  operand_components: int | None = None
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")
@@ -372,10 +366,6 @@ class LowRankLinearConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"LowRankLinearConfig.{name} must be a positive int, got {value!r}")
-    value = self.operand_components
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-      raise ValueError(f"LowRankLinearConfig.operand_components must be None or a positive int, "
-                       f"got {value!r}")
     return self
 
 
@@ -425,16 +415,11 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
     width = 8192
   block_reduce = min(width, max(32, next_pow2(n_reduce)))
   warps = 8 if rank > 1 or wide_operands else 4
-  # Above rank 1 the operands kernel takes one component per program: more, shorter
-  # programs whose loads and hashing overlap (the whole rank in one program left the
-  # hashing of each wave after its loads: 16.3 us at rank 4 in bf16 where the hash
-  # work alone is about 8; session 25).
-  components = 1 if fused_gemm and batch == 1 and rank > 1 else None
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
                              block_emit=block_emit, num_warps=warps,
                              num_stages=1,
                              materialize=rank > MAX_KERNEL_RANK, fuse_base=True,
-                             fused_gemm=fused_gemm, operand_components=components)
+                             fused_gemm=fused_gemm)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,8 +89,7 @@ def popcount(words: jax.Array) -> jax.Array:
 
 
 def tile_noise(kind: noise_lib.NoiseKind, index_hi: int, start_lo: int, cols: jax.Array,
-               multiplier: jax.Array, increment: jax.Array, *,
-               population_count=popcount) -> jax.Array:
+               multiplier: jax.Array, increment: jax.Array) -> jax.Array:
   """Integer-valued ``q`` at indices ``index_hi * 2**32 + start_lo + cols``.
 
   Args:
@@ -103,8 +102,6 @@ def tile_noise(kind: noise_lib.NoiseKind, index_hi: int, start_lo: int, cols: ja
       :func:`jaxnoise.noise.stream_keys` of the member's seed and
       :func:`word_hi`.
     increment: the matching increments.
-    population_count: counts the bits of uint32 words for ``"binomial"``
-      (the kernel passes :func:`jaxnoise.ops._mosaic.population_count`).
 
   Returns:
     float32 ``q`` of ``cols``' shape (the kind's scale not applied).
@@ -128,7 +125,7 @@ def tile_noise(kind: noise_lib.NoiseKind, index_hi: int, start_lo: int, cols: ja
     high_bits = (index_hi << (32 - shift)) & 0xFFFFFFFF
     index_lo = (index_lo >> _U32(shift)) | _U32(high_bits)
   return kind.unscaled(noise_lib.hash_word(multiplier, increment, index_lo), lane,
-                      population_count=population_count)
+                      population_count=popcount)
 
 
 def word_hi(kind: noise_lib.NoiseKind, offset: int) -> int:
@@ -228,7 +225,7 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
 
 def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *,
                    kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
-                   bias_start: int | None, population_count=popcount):
+                   bias_start: int | None):
   """The epilogue on a pair's ``(plus, minus)`` accumulators; each noise value hashed once.
 
   ``plus += sum_c coef_c^+ q(A_c) [+ bias + bias_coef^+ q(bias)]``, the same
@@ -236,17 +233,14 @@ def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *
   broadcast against the accumulators (rows: pairs; columns: outputs):
   ``cols`` holds the output index, ``multiplier`` / ``increment`` and each
   ``(plus, minus)`` coefficient are per pair, ``bias`` per column. The
-  kernel passes register tiles (and its ``popc`` bit count), :func:`fused_forward_xla`
-  whole arrays.
+  kernel passes register tiles, :func:`fused_forward_xla` whole arrays.
   """
   plus, minus = accs
-  noise = functools.partial(tile_noise, kind, index_hi, cols=cols, multiplier=multiplier,
-                            increment=increment, population_count=population_count)
   for (coef_plus, coef_minus), start in zip(coefs, a_starts):
-    q = noise(start)
+    q = tile_noise(kind, index_hi, start, cols, multiplier, increment)
     plus, minus = plus + coef_plus * q, minus + coef_minus * q
   if bias_start is not None:
-    q = noise(bias_start)
+    q = tile_noise(kind, index_hi, bias_start, cols, multiplier, increment)
     plus = plus + (bias + bias_coefs[0] * q)
     minus = minus + (bias + bias_coefs[1] * q)
   return plus, minus
@@ -321,7 +315,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         return add_pair_noise(accs, cols, per_pair(keys_gmem.at[0, pairs_at]),
                               per_pair(keys_gmem.at[1, pairs_at]), coefs, bias, bias_coefs,
                               kind=kind, index_hi=index_hi, a_starts=a_starts,
-                              bias_start=bias_start, population_count=_mosaic.population_count)
+                              bias_start=bias_start)
 
       def context(run_pipeline):
         @functools.partial(pl.run_scoped, plus_ref=plgpu.ACC(shape, _F32),

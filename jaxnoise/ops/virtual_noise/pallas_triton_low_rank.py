@@ -80,28 +80,24 @@ def _factor_run(layout: NoiseLayout, keys, start: _RowStart, col0, n: int) -> ja
   return (1 - 2 * bits).astype(_F32).reshape(1, n)
 
 
-def _component_streams(layout: NoiseLayout, seed, components):
-  """Row starts and stream keys of one side's factor vectors ``components``.
-
-  ``components`` are component indices: ints, or traced uint32 scalars.
-  """
-  starts = [_row_start(layout, jnp.full((1, 1), c, _U32)) for c in components]
+def _component_streams(layout: NoiseLayout, seed, rank: int):
+  """Row starts and stream keys of the ``rank`` factor vectors of one side."""
+  starts = [_row_start(layout, jnp.full((1, 1), c, _U32)) for c in range(rank)]
   if not layout.high_word:
     keys = _stream_keys(layout, seed, starts[0])
-    return starts, [keys] * len(starts)
+    return starts, [keys] * rank
   return starts, [_stream_keys(layout, seed, start) for start in starts]
 
 
-def _reduce_factor_dots(v_ref, seed, *, reduce_layout: NoiseLayout, components,
-                        shared_v: bool, n_inputs: int, first, batch0, batch_ok, n_reduce: int,
+def _reduce_factor_dots(v_ref, seed, *, reduce_layout: NoiseLayout, rank: int, shared_v: bool,
+                        n_inputs: int, first, batch0, batch_ok, n_reduce: int,
                         config: config_lib.LowRankLinearConfig):
-  """``v_i . q(f_c)`` for the program's inputs and ``components``: ``(block_batch, 1)`` each.
+  """``v_i . q(f_c)`` for the program's inputs and components: ``(block_batch, 1)`` each.
 
-  Ordered member-major (``[member * len(components) + j]``); ``q`` is unscaled.
+  Ordered member-major (``[member * rank + c]``); ``q`` is unscaled.
   """
   block_batch, block_reduce = config.block_batch, config.block_reduce
-  rank = len(components)
-  starts, keys = _component_streams(reduce_layout, seed, components)
+  starts, keys = _component_streams(reduce_layout, seed, rank)
 
   def body(step, accs):
     col0 = step * block_reduce
@@ -143,11 +139,10 @@ def _low_rank_kernel(v_ref, base_ref, bias_ref, seeds_ref, sigma_ref, out_ref, *
   batch0 = pl.program_id(1) * block_batch
   seed = seeds_ref[first]
   batch_ok = (batch0 + jax.lax.iota(jnp.int32, block_batch))[:, None] < batch
-  accs = _reduce_factor_dots(v_ref, seed, reduce_layout=reduce_layout,
-                             components=range(rank), shared_v=shared_v, n_inputs=n_inputs,
-                             first=first, batch0=batch0, batch_ok=batch_ok, n_reduce=n_reduce,
-                             config=config)
-  emit_starts, emit_keys = _component_streams(emit_layout, seed, range(rank))
+  accs = _reduce_factor_dots(v_ref, seed, reduce_layout=reduce_layout, rank=rank,
+                             shared_v=shared_v, n_inputs=n_inputs, first=first, batch0=batch0,
+                             batch_ok=batch_ok, n_reduce=n_reduce, config=config)
+  emit_starts, emit_keys = _component_streams(emit_layout, seed, rank)
   factor = _term_factor(sigma_ref, kind, rank)
 
   def emit_body(step, carry):
@@ -218,69 +213,35 @@ def _low_rank_term(v, seeds, sigma, *, base, bias, reduce_layout, emit_layout, r
 
 
 def _fused_operands_kernel(x_ref, seeds_ref, sigma_ref, keys_ref, coef_ref, bias_coef_ref, *,
-                           reduce_layout: NoiseLayout, rank: int, components: int,
-                           n_reduce: int, word_hi: int, config: config_lib.LowRankLinearConfig):
-  """One program: one pair's ``x_i B_c`` for ``components`` consecutive components ``c``.
-
-  Program ``p`` takes pair ``p // groups`` and components from
-  ``(p % groups) * components`` (``groups = rank // components``), so a
-  pair's programs are neighbours and read its two rows of ``x`` from L2 after
-  the first. The first group also writes the pair's keys and bias
-  coefficients.
-  """
-  groups = rank // components
-  program = pl.program_id(0)
-  pair, group = program // groups, program % groups
+                           reduce_layout: NoiseLayout, rank: int, n_reduce: int, word_hi: int,
+                           config: config_lib.LowRankLinearConfig):
+  pair = pl.program_id(0)
   seed = seeds_ref[2 * pair]
-  first_component = (group * components).astype(_U32)
-  component_ids = [first_component + _U32(j) for j in range(components)]
-  accs = _reduce_factor_dots(x_ref, seed, reduce_layout=reduce_layout, components=component_ids,
+  accs = _reduce_factor_dots(x_ref, seed, reduce_layout=reduce_layout, rank=rank,
                              shared_v=False, n_inputs=2, first=2 * pair, batch0=0,
                              batch_ok=jnp.ones((1, 1), jnp.bool_), n_reduce=n_reduce,
                              config=config)
   kind = reduce_layout.kind
+  noise_scale = _noise_factor(sigma_ref, kind)
   factor = _term_factor(sigma_ref, kind, rank)
   at = pl.ds(pair, 1)
   for sign in range(2):
     flip = _F32(1.0 - 2.0 * sign)
-    for j in range(components):
-      _pallas.store(coef_ref.at[group * components + j, jnp.int32(sign), at],
-                    (flip * factor) * accs[sign * components + j][0])
-
-  @pl.when(group == 0)
-  def _pair_operands():
-    noise_scale = _noise_factor(sigma_ref, kind)
-    for sign in range(2):
-      flip = _F32(1.0 - 2.0 * sign)
-      _pallas.store(bias_coef_ref.at[jnp.int32(sign), at], jnp.full((1,), flip * noise_scale))
-    multiplier, increment = noise_lib.stream_keys(seed, _U32(word_hi))
-    _pallas.store(keys_ref.at[jnp.int32(0), at], jnp.full((1,), multiplier, _U32))
-    _pallas.store(keys_ref.at[jnp.int32(1), at], jnp.full((1,), increment, _U32))
-
-
-def operand_components(config: config_lib.LowRankLinearConfig, rank: int) -> int:
-  """Components per program of :func:`fused_gemm_operands`: the largest divisor of
-  ``rank`` up to ``config.operand_components`` (all ``rank`` when None).
-
-  Example:
-    >>> cfg = config_lib.LowRankLinearConfig
-    >>> operand_components(cfg(), 4), operand_components(cfg(operand_components=1), 4)
-    (4, 1)
-    >>> operand_components(cfg(operand_components=3), 4)
-    2
-  """
-  limit = rank if config.operand_components is None else min(rank, config.operand_components)
-  return max(d for d in range(1, limit + 1) if rank % d == 0)
+    for c in range(rank):
+      _pallas.store(coef_ref.at[jnp.int32(c), jnp.int32(sign), at],
+                    (flip * factor) * accs[sign * rank + c][0])
+    _pallas.store(bias_coef_ref.at[jnp.int32(sign), at], jnp.full((1,), flip * noise_scale))
+  multiplier, increment = noise_lib.stream_keys(seed, _U32(word_hi))
+  _pallas.store(keys_ref.at[jnp.int32(0), at], jnp.full((1,), multiplier, _U32))
+  _pallas.store(keys_ref.at[jnp.int32(1), at], jnp.full((1,), increment, _U32))
 
 
 def fused_gemm_operands(x, seeds, sigma, *, reduce_layout: NoiseLayout, rank: int, word_hi: int,
                         config: config_lib.LowRankLinearConfig, interpret: bool = False):
   """Per-pair operands of the fused Mosaic GPU forward, from the reduce phase of this kernel.
 
-  ``x`` is ``(pop, 1, in)`` with antithetic pairs. Each program contracts a
-  pair's two rows with :func:`operand_components` of the pair's ``B``
-  factor vectors (all ``r`` by default: one program per pair), and together
-  they write:
+  ``x`` is ``(pop, 1, in)`` with antithetic pairs. One program per pair
+  contracts both rows with the pair's ``B`` factor vectors and writes:
 
   * ``keys``: uint32 ``(2, pop / 2)``, the stream multiplier and increment
     of the pair's seed at high word ``word_hi`` (:func:`jaxnoise.noise.stream_keys`);
@@ -292,17 +253,15 @@ def fused_gemm_operands(x, seeds, sigma, *, reduce_layout: NoiseLayout, rank: in
   """
   pop, _, n_reduce = x.shape
   n_pairs = pop // 2
-  components = operand_components(config, rank)
   config = dataclasses.replace(config, block_batch=1)
   kernel = functools.partial(_fused_operands_kernel, reduce_layout=reduce_layout, rank=rank,
-                             components=components, n_reduce=n_reduce, word_hi=word_hi,
-                             config=config)
+                             n_reduce=n_reduce, word_hi=word_hi, config=config)
   return _pallas.pallas_call(
       kernel,
       out_shape=(jax.ShapeDtypeStruct((2, n_pairs), _U32),
                  jax.ShapeDtypeStruct((rank, 2, n_pairs), _F32),
                  jax.ShapeDtypeStruct((2, n_pairs), _F32)),
-      grid=(n_pairs * (rank // components),),
+      grid=(n_pairs,),
       interpret=interpret,
       compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
       name="virtual_low_rank_fused_operands",
