@@ -17,6 +17,14 @@ updates for the flag, then ``loop_convert_fusion`` adds them), the per-entry
 check of ``library`` one (``input_convert_reduce_fusion``: the new
 parameters and the flag's row reductions as one multi-output fusion), as
 ``no-check`` does.
+
+That did not carry over to the GPU's jax 0.11.2 (session 25, RESULTS.md):
+its XLA keeps ``input_reduce_fusion.1`` (the flag's row reductions over the
+GEMM's bf16 output) apart from ``loop_add_fusion`` (the select and the
+addition), two passes as before, and the step took as long as with the
+whole-generation check (H200 0.454 against 0.455 ms, H100 0.508 against
+0.509). A deviceless compile with one XLA version does not predict another's
+fusion decisions.
 """
 
 from __future__ import annotations

@@ -50,15 +50,18 @@ which something was dropped:
   overflowing on huge parameters) is zeroed on its own, as ``optax.zero_nans``
   does for NaNs, and the other entries apply.
 
-The updates are checked entry by entry so that the check is a reduction
-beside the parameters' addition, not a pass that the addition waits for: XLA
-forms both in one pass over the updates. The optimizer state's check reads
-every state leaf once more and the select that keeps the old state is a pass
-of its own (Adam: its moments). With the whole-generation check on the
-updates too (before session 24), these passes cost 8-9% of an SGD generation
-and 22-24% of an Adam one on one (8192, 8192) layer of an H200
-(``benchmarks/RESULTS.md``, session 9), and 24% of an SGD generation on an
-H100, whose memory is slower (session 24). ``check_finite=False`` leaves
+Checked entry by entry, the updates' check is a reduction beside the
+parameters' addition, not a pass that the addition waits for, so XLA may read
+the updates once for both: jax 0.10.2's XLA does (one multi-output fusion,
+compiled offline for CUDA), but jax 0.11.2's keeps the row reduction as a
+pass of its own, and the step took as long as with a whole-generation check
+on an H200 and an H100 (``benchmarks/RESULTS.md``, session 25). The optimizer
+state's check reads every state leaf once more and the select that keeps the
+old state is a pass of its own (Adam: its moments). With the updates read
+again, XLA's GEMM no longer adds SGD's step to the parameters in its
+epilogue (below): the check costs 21% of an SGD generation on one (8192,
+8192) layer of an H200 and 25% on an H100 (session 25), and 22-24% of an
+Adam one (session 9). ``check_finite=False`` leaves
 them out, as optax does: the estimate is still finite by construction (shaped
 fitness and noise are bounded), so with finite parameters and optimizer
 state and no weight decay, SGD and Adam give finite updates unless the
@@ -584,7 +587,8 @@ class EvolutionStrategy:
     # The library owns this state: a non-finite optimizer state drops the whole
     # generation, a non-finite update entry is zeroed; either is counted, neither applied.
     # The entries' check is a reduction beside the parameters' addition, not before it,
-    # so XLA forms both in one pass over the updates (a multi-output fusion).
+    # so XLA may form both in one pass over the updates (jax 0.10.2's XLA does; 0.11.2's
+    # keeps two passes: benchmarks/RESULTS.md, session 25).
     if self.check_finite:
       state_dropped = ~_all_finite(inner_state)
       dropped = state_dropped | ~_all_finite(updates)
