@@ -1,4 +1,6 @@
 #!/bin/bash
+# (Never run as such: no machine came; run 2 took its HLO dump and run 3 its commands. See
+# benchmarks/RESULTS.md, session 25.)
 # Session 25 run 1 (one H100 or H200): why XLA (jax 0.11.2) keeps the per-entry finiteness
 # check's reduction apart from the parameters' addition. The optimised HLO of the library's
 # bf16 SGD step (EGGROLL's layer, rank 1), then the step with each form of
