@@ -69,14 +69,14 @@ def _operands_fn(rank, config):
       word_hi=mosaic_gpu_low_rank.word_hi(kind, 0), config=config))
 
 
-def _tune(dtype, rank, xs, seeds, budget):
+def _tune(dtype, rank, xs, seeds, budget, grid):
   heuristic = config_lib.low_rank_linear_heuristics(1, FEATURES, FEATURES, rank, KIND)
   want = jax.tree.map(np.asarray, _operands_fn(rank, heuristic)(xs[0], seeds))
   rows = []
-  for values in itertools.product(*GRID.values()):
+  for values in itertools.product(*grid.values()):
     if not budget.ok():
       break
-    config = dataclasses.replace(heuristic, **dict(zip(GRID, values)))
+    config = dataclasses.replace(heuristic, **dict(zip(grid, values)))
     fn = _operands_fn(rank, config)
     keys, coef, bias_coef = jax.tree.map(np.asarray, fn(xs[0], seeds))
     err = float(np.abs(coef - want[1]).max() / np.abs(want[1]).max())
@@ -84,7 +84,7 @@ def _tune(dtype, rank, xs, seeds, budget):
             and err <= 1e-5):
       raise AssertionError(f"{config}: operands differ from the heuristic's (coef {err})")
     busy = _harness.device_busy(fn, arg_sets=[(x, seeds) for x in xs * 3])
-    rows.append({"dtype": dtype, "rank": rank, **dict(zip(GRID, values)),
+    rows.append({"dtype": dtype, "rank": rank, **dict(zip(grid, values)),
                  "heuristic": config == heuristic,
                  "operands_us": busy["busy_ms"] * 1e3 if busy else None, "coef_rel_err": err})
   return heuristic, rows
@@ -109,9 +109,7 @@ def main():
                       help="config fields and values to sweep instead of the default grid, "
                            "e.g. 'block_reduce=2048,4096;num_warps=4,8'")
   args = parser.parse_args()
-  if args.grid:
-    GRID.clear()
-    GRID.update(parse_grid(args.grid))
+  grid = parse_grid(args.grid) if args.grid else GRID
   if jax.default_backend() != "gpu":
     parser.error("needs a GPU")
   budget = _harness.Budget(args.budget)
@@ -129,17 +127,17 @@ def main():
     inference = _harness.device_busy(jax.jit(lambda x, w: jax.lax.dot_general(
         x[:, 0], w, (((1,), (1,)), ((), ())))), xs[0], w)
     for rank in map(int, args.ranks.split(",")):
-      heuristic, rows = _tune(dtype, rank, xs, seeds, budget)
+      heuristic, rows = _tune(dtype, rank, xs, seeds, budget, grid)
       for row in rows:
         row["read_x_us"] = read_us
       results.extend(rows)
       timed = sorted((r for r in rows if r["operands_us"]), key=lambda r: r["operands_us"])
       print(_harness.table(timed[:6] + [r for r in timed if r["heuristic"]],
-                           ["dtype", "rank", *GRID, "heuristic", "operands_us"]), flush=True)
+                           ["dtype", "rank", *grid, "heuristic", "operands_us"]), flush=True)
       candidates = {"heuristic": heuristic}
       for row in timed[:2]:
-        label = " ".join(f"{k}={row[k]}" for k in GRID)
-        candidates[label] = dataclasses.replace(heuristic, **{k: row[k] for k in GRID})
+        label = " ".join(f"{k}={row[k]}" for k in grid)
+        candidates[label] = dataclasses.replace(heuristic, **{k: row[k] for k in grid})
       reference = None
       for label, config in candidates.items():
         out, busy = _forward_busy(xs[0], w, seeds, rank, config)
