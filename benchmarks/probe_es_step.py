@@ -17,7 +17,8 @@ more came from ``centered_rank``'s two ``searchsorted`` while loops.
 ``--skip-forms`` measures only the library's transform, with each way of
 dropping a non-finite generation: its default (element-wise selects),
 ``check_finite=False`` (no check) and ``lax.cond`` over the inner state
-(session 9).
+(session 9); ``--default-tiles`` forms the estimate there by the library's
+default fixed-order tiles instead of XLA's GEMM.
 ``--floor`` also times batch inference of the layer and prints each step
 against twice it (inference plus one GEMM of the layer's size: issue 9's
 target is at most 1.3x), with the step's kernel count.
@@ -139,17 +140,21 @@ def with_apply(cls, es):
   return cls(**{field.name: getattr(es, field.name) for field in dataclasses.fields(es)})
 
 
-def make_es_step(dtype, optimizer_name: str, rank: int = 1, skip_form: str = "where"):
+def make_es_step(dtype, optimizer_name: str, rank: int = 1, skip_form: str = "where",
+                 default_tiles: bool = False):
   """The same generation through the library's ES transform (``evolution_strategy``).
 
   Its ``update`` adds what the hand-written step leaves out: the shaping's
   barriers, weight-decay-free loss gradient, the inner optimizer, the check
-  that updates and optimizer state are finite and the skip policy.
+  that updates and optimizer state are finite and the skip policy. The
+  estimate is XLA's GEMM on bf16 operands, or with ``default_tiles`` the
+  library's default (the fixed-order tile kernel and its heuristics).
   """
   optimizer = optax.sgd(1e-3) if optimizer_name == "sgd" else optax.adam(1e-3)
-  es = jaxnoise.optim.evolution_strategy(
-      SIGMA, optimizer, pop_size=POP, rank=rank,
-      config=config_lib.LowRankGradientConfig(operand_dtype="bfloat16", xla_gemm=True))
+  config = (None if default_tiles
+            else config_lib.LowRankGradientConfig(operand_dtype="bfloat16", xla_gemm=True))
+  es = jaxnoise.optim.evolution_strategy(SIGMA, optimizer, pop_size=POP, rank=rank,
+                                         config=config)
   if skip_form == "no check":
     es = dataclasses.replace(es, check_finite=False)
   elif skip_form == "cond state":
@@ -166,13 +171,14 @@ def make_es_step(dtype, optimizer_name: str, rank: int = 1, skip_form: str = "wh
 
 def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None,
             skip_form: str = "where", donate_state: bool = True,
-            fused_tiles: str | None = None) -> dict:
+            fused_tiles: str | None = None, default_tiles: bool = False) -> dict:
   key = jax.random.key(0)
   weight = (jax.random.normal(key, (WIDTH, WIDTH), jnp.float32) / WIDTH ** 0.5).astype(dtype)
   x = jax.random.normal(jax.random.key(1), (POP, 1, WIDTH), dtype)
   seeds = jaxnoise.draw_seeds(jax.random.key(2), POP, antithetic=True)
   if es_optimizer is not None:
-    es, es_step = make_es_step(dtype, es_optimizer, skip_form=skip_form)
+    es, es_step = make_es_step(dtype, es_optimizer, skip_form=skip_form,
+                               default_tiles=default_tiles)
     step = jax.jit(es_step, donate_argnums=(0, 1) if donate_state else (0,))
     state = {"carry": ({"w": weight}, es.init({"w": weight}))}
 
@@ -251,6 +257,9 @@ def main(argv=None):
                            "form of probe_finite_check.FORMS")
   parser.add_argument("--floor", action="store_true",
                       help="also time batch inference; print each step against twice it")
+  parser.add_argument("--default-tiles", action="store_true",
+                      help="--skip-forms with the estimate by the default fixed-order tiles "
+                           "(not XLA's GEMM)")
   parser.add_argument("--update-tiles", default="",
                       help="comma-separated BMxBNxBK/warps/stages: the hand-written step with "
                            "the estimate and SGD's step fused (virtual_weight_update) per tiles")
@@ -277,9 +286,11 @@ def main(argv=None):
                   dict(ranks=True, donate=True, fused_tiles=tiles))
                  for tiles in filter(None, args.update_tiles.split(","))]
     if args.skip_forms:
-      variants = [(f"evolution_strategy {name} {form}{'' if donate else ' state not donated'}",
+      tiles = " default tiles" if args.default_tiles else ""
+      variants = [(f"evolution_strategy{tiles} {name} {form}"
+                   f"{'' if donate else ' state not donated'}",
                    dict(ranks=True, donate=True, es_optimizer=name, skip_form=form,
-                        donate_state=donate))
+                        donate_state=donate, default_tiles=args.default_tiles))
                   for name in ("sgd", "adam")
                   for form, donate in (("where", True), ("no check", True),
                                        ("cond state", True), ("cond state", False))]

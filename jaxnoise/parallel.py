@@ -360,10 +360,15 @@ def _full_gradient_config(es, block_shape, offset, n_individuals, pop):
   return config
 
 
-def _row_block_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int):
-  """Rows ``[row0, row0 + n_rows)`` of the leaf's gradient, in its noise view."""
+def _row_block_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int,
+                        dtype):
+  """Rows ``[row0, row0 + n_rows)`` of the leaf's gradient, in its noise view, in ``dtype``.
+
+  The float32 rows rounded once, as on one device (a low-rank block's tiles round as they
+  store, there and here).
+  """
   if plan.block.rank is not None:
-    return _low_rank_row_gradient(es, plan, shaped, seeds, row0, n_rows, pop)
+    return _low_rank_row_gradient(es, plan, shaped, seeds, row0, n_rows, pop, dtype)
   rest = plan.block.noise_shape[1:]
   row_size = math.prod(rest)
   # The 2-D (or 1-D) shape the one-device path hands the op, for the whole block and the shard.
@@ -373,11 +378,12 @@ def _row_block_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: i
   setting = _full_gradient_config(es, op_shape(plan.rows), plan.block.offset, n_individuals, pop)
   grad = ops._gradient(  # pylint: disable=protected-access
       shaped, seeds, op_shape(n_rows), es.sigma, pop, plan.block.offset + row0 * row_size,
-      noise_lib.get_kind(es.kind), es.antithetic, es.implementation, setting)
+      noise_lib.get_kind(es.kind), es.antithetic, es.implementation, setting, out_dtype=dtype)
   return grad.reshape((n_rows,) + rest)
 
 
-def _low_rank_row_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int):
+def _low_rank_row_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows: int, pop: int,
+                           dtype):
   """Rows ``[row0, row0 + n_rows)`` of a low-rank block's gradient, by the one-device op.
 
   The op contracts the factors over whole row tiles at fixed positions
@@ -389,7 +395,13 @@ def _low_rank_row_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows
   return ops._gradient(  # pylint: disable=protected-access
       shaped, seeds, plan.block.noise_shape, es.sigma, pop, plan.block.offset,
       noise_lib.get_kind(es.kind), es.antithetic, es.implementation, config,
-      rank=plan.block.rank, rows=(row0, n_rows))
+      rank=plan.block.rank, rows=(row0, n_rows), out_dtype=dtype)
+
+
+def _gradient_dtype(leaf) -> jnp.dtype:
+  """The dtype a leaf's gradient rows are formed in: its own float dtype, else float32."""
+  dtype = jnp.dtype(getattr(leaf, "dtype", jnp.float32))
+  return dtype if dtype in _common.FLOAT_DTYPES else jnp.dtype(jnp.float32)
 
 
 def sharded_gradient(es, shaped_fitness: jax.Array, seeds: jax.Array, params: Any, *,
@@ -422,14 +434,18 @@ def sharded_gradient(es, shaped_fitness: jax.Array, seeds: jax.Array, params: An
   pop = seeds.shape[0]
   split = [p for p in plans if p.axis is not None]
 
+  # Each shard's rows in the leaf's dtype: a bf16 layer's rows are never stored in float32.
+  split_dtypes = [_gradient_dtype(leaf) for plan, leaf in zip(plans, leaves)
+                  if plan.axis is not None]
+
   def device_blocks(device, fitness, seeds):
     blocks = []
-    for plan in split:
+    for plan, dtype in zip(split, split_dtypes):
       view = plan.block.noise_shape
       row0 = device * plan.per_shard
       n_rows = max(0, min(plan.per_shard, plan.rows - row0))
-      grad = (_row_block_gradient(es, plan, fitness, seeds, row0, n_rows, pop) if n_rows
-              else jnp.zeros((0,) + view[1:], jnp.float32))
+      grad = (_row_block_gradient(es, plan, fitness, seeds, row0, n_rows, pop, dtype) if n_rows
+              else jnp.zeros((0,) + view[1:], dtype))
       pad = plan.per_shard - n_rows  # the last shards of an uneven split are short
       blocks.append(jnp.pad(grad, [(0, pad)] + [(0, 0)] * (len(view) - 1)))
     return blocks
@@ -453,7 +469,7 @@ def sharded_gradient(es, shaped_fitness: jax.Array, seeds: jax.Array, params: An
       else:  # a perturbed scalar: every device forms it (one value)
         grads.append(population_lib._leaf_gradient(  # pylint: disable=protected-access
             plan.block, shaped_fitness, seeds, es.sigma, pop, es.kind, es.antithetic,
-            es.implementation, es.config).astype(dtype))
+            es.implementation, es.config, jnp.dtype(dtype)).astype(dtype))
       continue
     grad = next(padded)[:plan.rows]
     if plan.block.transposed:

@@ -212,3 +212,29 @@ def test_offline_finite_check_lowers_each_form_for_cuda(form):
   text = _benchmark_module("offline_finite_check").lowered_step(form).as_text()
   assert "8192x8192xbf16" in text
   assert ("is_finite" in text) == (form != "no-check")
+
+
+@pytest.mark.parametrize("config", ["xla_gemm", "default"])
+def test_offline_es_passes_lowers_the_update_as_on_a_gpu(config):
+  """``offline_es_passes.py`` lowers the update for CUDA on any machine, with the tile
+  kernel where the config asks for it (the deviceless compile needs the PJRT plugin)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  text = _benchmark_module("offline_es_passes").lowered_update(
+      "sgd", config, jnp.dtype(jnp.bfloat16), True).as_text()
+  assert "8192x8192xbf16" in text
+  assert ("__gpu$xla.gpu.triton" in text) == (config == "default")
+
+
+def test_offline_es_passes_counts_the_layer_sized_arrays_of_each_kernel():
+  module = _benchmark_module("offline_es_passes")
+  entry = """%main (p0: bf16[8192,8192], p1: f32[1024]) -> bf16[8192,8192] {
+  %p0 = bf16[8192,8192]{1,0} parameter(0)
+  %p1 = f32[1024]{0} parameter(1)
+  %gemm.1 = f32[4096,512]{1,0} fusion(%p0, %p1), kind=kCustom, calls=%gemm
+  %small = f32[1024]{0} fusion(%p1), kind=kLoop, calls=%f
+  %multi.2 = (bf16[8192,8192]{1,0}, pred[8192]{0}) fusion(%gemm.1, %p0), kind=kInput
+  ROOT %gte = bf16[8192,8192]{1,0} get-tuple-element(%multi.2), index=0
+}"""
+  mib = 1 << 20
+  assert module.layer_traffic(entry) == [("gemm.1", 128 * mib + 8 * mib),
+                                         ("multi.2", 8 * mib + 128 * mib + 128 * mib)]

@@ -223,6 +223,68 @@ def test_gradient_config_variants(rng):
     config_lib.LowRankGradientConfig(operand_dtype="float16").validate()
 
 
+GRADIENT_CONFIGS = {
+    "tiles": config_lib.LowRankGradientConfig(tf32=False),
+    "ragged bf16 tiles": config_lib.LowRankGradientConfig(
+        operand_dtype="bfloat16", block_rows=16, block_cols=32, block_k=16, num_stages=2),
+    "chunked": config_lib.LowRankGradientConfig(chunk=3, tf32=False),  # 64 (aligned) a chunk
+    "xla gemm": config_lib.LowRankGradientConfig(xla_gemm=True, tf32=False),
+}
+
+
+@pytest.mark.parametrize("implementation", ["reference", "interpret"])
+@pytest.mark.parametrize("config_name", sorted(GRADIENT_CONFIGS))
+@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16])
+def test_gradient_out_dtype_is_the_float32_estimate_rounded_once(rng, implementation,
+                                                                  config_name, out_dtype):
+  # 140 members: "chunked" sums two contractions; the others round in the tile kernel.
+  pop, shape, sigma = 140, (37, 21), 0.3
+  seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
+  kwargs = dict(kind="rademacher", antithetic=True, rank=3, implementation=implementation,
+                config=GRADIENT_CONFIGS[config_name])
+  wide = jaxnoise.virtual_weight_gradient(fitness, seeds, shape, sigma, None, (1 << 32) - 60,
+                                          **kwargs)
+  narrow = jaxnoise.virtual_weight_gradient(fitness, seeds, shape, sigma, None, (1 << 32) - 60,
+                                            out_dtype=out_dtype, **kwargs)
+  assert wide.dtype == jnp.float32 and narrow.dtype == out_dtype
+  np.testing.assert_array_equal(narrow, wide.astype(out_dtype))
+
+
+def _equations(jaxpr):
+  """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _equations(inner)
+
+
+def test_gradient_out_dtype_kernel_rounds_as_it_stores(rng):
+  seeds, fitness = _seeds(rng, 12, True), _normal(rng, (12,))
+
+  def gradient(fitness):
+    return jaxnoise.virtual_weight_gradient(fitness, seeds, (9, 14), 0.1, rank=2,
+                                            antithetic=True, implementation="interpret",
+                                            out_dtype=jnp.bfloat16)
+
+  equations = list(_equations(jax.make_jaxpr(gradient)(fitness).jaxpr))
+  (kernel,) = [e for e in equations
+               if e.primitive.name == "pallas_call" and "virtual_low_rank_gradient" in str(e)]
+  assert kernel.outvars[0].aval.dtype == jnp.bfloat16  # stored as bfloat16: no float32 pass
+  converts = [e for e in equations if e.primitive.name == "convert_element_type"
+              and any(v is kernel.outvars[0] for v in e.invars)]
+  assert not converts
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.int32, "bool", jnp.float64])
+def test_gradient_out_dtype_must_be_a_float_dtype(out_dtype):
+  with pytest.raises(TypeError, match="out_dtype"):
+    jaxnoise.virtual_weight_gradient(jnp.ones(4), jnp.arange(4), (2, 3), 0.1, rank=1,
+                                     out_dtype=out_dtype)
+
+
 def test_gradient_is_unbiased_for_a_linear_fitness():
   # f(W) = <C, W>: E[grad] = C because E[E_jk E_lm] = delta_jl delta_km.
   shape, sigma, pop = (3, 4), 0.5, 20000
@@ -353,6 +415,25 @@ def test_weight_update_compiled_on_gpu(rng, kind):
     tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
     np.testing.assert_allclose(new.astype(jnp.float32), want,
                                atol=tolerance * float(jnp.abs(want).max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradient_out_dtype_compiled_on_gpu(rng, kind):
+  pop, shape, sigma, offset = 130, (300, 517), 0.05, (1 << 32) + 5
+  seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
+  for config in (GRADIENT_CONFIGS["tiles"], config_lib.LowRankGradientConfig(
+      operand_dtype="bfloat16", block_rows=128, block_cols=256, block_k=64, num_warps=8,
+      num_stages=3)):
+    def gradient(fitness, out_dtype, config=config):
+      return jaxnoise.virtual_weight_gradient(fitness, seeds, shape, sigma, None, offset,
+                                              kind=kind, antithetic=True, rank=2,
+                                              implementation="pallas", config=config,
+                                              out_dtype=out_dtype)
+    wide = jax.jit(gradient, static_argnums=1)(fitness, jnp.float32)
+    for out_dtype in (jnp.bfloat16, jnp.float16):
+      narrow = jax.jit(gradient, static_argnums=1)(fitness, out_dtype)
+      np.testing.assert_array_equal(narrow, wide.astype(out_dtype))
 
 
 @pytest.mark.parametrize("shared", [True, False])

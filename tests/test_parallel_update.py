@@ -146,15 +146,21 @@ UPDATE_SCRIPT = textwrap.dedent("""
     picked = [int(i) for i in sys.argv[3].split(",")]
     n = jax.device_count()
     # 13 rows: uneven over 2 and 8 devices; 16 rows: even.
-    model = nnx.Sequential(nnx.Linear(5, 13, rngs=nnx.Rngs(0)), nnx.LayerNorm(13, rngs=nnx.Rngs(1)),
-                           nnx.relu, nnx.Linear(13, 16, rngs=nnx.Rngs(2)))
-    params = nnx.state(model, nnx.Param)
+    def make_model(dtype):
+      return nnx.Sequential(
+          nnx.Linear(5, 13, param_dtype=dtype, rngs=nnx.Rngs(0)),
+          nnx.LayerNorm(13, param_dtype=dtype, rngs=nnx.Rngs(1)), nnx.relu,
+          nnx.Linear(13, 16, param_dtype=dtype, rngs=nnx.Rngs(2)))
     meshes = {1: parallel.population_mesh(jax.devices()[:1]), n: parallel.population_mesh()}
     rng = np.random.default_rng(data_seed)
     result = {"devices": n}
-    cases = [("centered_rank", "adam", None, 64, True), ("z_score", "sgd", None, 63, False),
-             ("z_score", "adam", 2, 64, True), ("raw", "sgd", 1, 64, True)]
-    for shaping, name, rank, pop, antithetic in [cases[i] for i in picked]:
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    cases = [("centered_rank", "adam", None, 64, True, f32), ("z_score", "sgd", None, 63, False, f32),
+             ("z_score", "adam", 2, 64, True, f32), ("raw", "sgd", 1, 64, True, f32),
+             ("centered_rank", "sgd", 2, 64, True, bf16)]
+    for shaping, name, rank, pop, antithetic, dtype in [cases[i] for i in picked]:
+      model = make_model(dtype)
+      params = nnx.state(model, nnx.Param)
       optimizer = optax.adam(0.01) if name == "adam" else optax.sgd(0.1, momentum=0.9)
       fitness = jnp.asarray(rng.normal(size=pop) * 10.0 ** rng.uniform(-2, 2), jnp.float32)
       es = jaxnoise.optim.evolution_strategy(0.05, optimizer, pop_size=pop, antithetic=antithetic,
@@ -175,7 +181,8 @@ UPDATE_SCRIPT = textwrap.dedent("""
           got = step(fitness, s, p)
           pairs = list(zip(jax.tree.leaves(one), jax.tree.leaves(got)))
           specs = sorted({str(l.sharding.spec) for l in jax.tree.leaves(got[0])})
-          result[f"{shaping} {name} rank={rank} devices={devices} keep_sharded={keep}"] = {
+          result[f"{shaping} {name} rank={rank} {jnp.dtype(dtype).name} devices={devices} "
+                 f"keep_sharded={keep}"] = {
               "bit_exact": all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs),
               "max_abs": max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)),
                                           initial=0.0)) for a, b in pairs),
@@ -186,7 +193,8 @@ UPDATE_SCRIPT = textwrap.dedent("""
 
 # Every case runs on several devices once: two devices run cases 0, 1 and 3, eight (uneven
 # splits of 13 rows into 2s; twice the compile time of two) the low-rank Adam case 2, and
-# the Pallas interpreter 0 and 2 on two, for the suite's time.
+# the Pallas interpreter 0, 2 and 4 (bf16: the tiles round the rows as they store them) on
+# two, for the suite's time.
 @pytest.mark.parametrize("devices, picked", [(2, "0,1,3"), (8, "2")])
 def test_sharded_update_equals_one_device_bit_for_bit(devices, picked, rng):
   result = _run(UPDATE_SCRIPT, devices, "reference", int(rng.integers(0, 2**31)), picked)
@@ -203,9 +211,10 @@ def test_sharded_update_equals_one_device_bit_for_bit(devices, picked, rng):
 
 
 def test_sharded_update_interpret_kernel_two_devices_bit_for_bit(rng):
-  result = _run(UPDATE_SCRIPT, 2, "interpret", int(rng.integers(0, 2**31)), "0,2")
+  result = _run(UPDATE_SCRIPT, 2, "interpret", int(rng.integers(0, 2**31)), "0,2,4")
   cases = {k: v for k, v in result.items() if isinstance(v, dict)}
-  assert len(cases) == 2 * 3 and all(v["bit_exact"] for v in cases.values()), result
+  assert len(cases) == 3 * 3 and all(v["bit_exact"] for v in cases.values()), result
+  assert any("bfloat16" in key for key in cases), result
 
 
 EVALUATE_SCRIPT = textwrap.dedent("""

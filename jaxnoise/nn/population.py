@@ -580,7 +580,8 @@ def apply_split(graphdef, params, rest, layout: ParameterLayout, seeds, sigma, f
 
 
 def _leaf_gradient(block: NoiseBlock, fitness, seeds, sigma, pop_size, kind, antithetic,
-                   implementation, config):
+                   implementation, config, dtype):
+  """The leaf's estimate in ``dtype``; a low-rank block's kernel rounds to it as it stores."""
   # Each leaf's op takes the config of its own type; the others pick their heuristics.
   config_type = (config_lib.LowRankGradientConfig if block.rank is not None
                  else config_lib.NoiseGradientConfig)
@@ -588,8 +589,9 @@ def _leaf_gradient(block: NoiseBlock, fitness, seeds, sigma, pop_size, kind, ant
                 config=config_lib.config_for_op(config, config_type))
   shape = block.noise_shape
   if block.rank is not None:
+    out_dtype = dtype if dtype in _common.FLOAT_DTYPES else jnp.float32
     grad = ops.virtual_weight_gradient(fitness, seeds, shape, sigma, pop_size, block.offset,
-                                       rank=block.rank, **common)
+                                       rank=block.rank, out_dtype=out_dtype, **common)
   elif len(shape) >= 2:
     rows = (math.prod(shape[:-1]), shape[-1])
     grad = ops.virtual_weight_gradient(fitness, seeds, rows, sigma, pop_size, block.offset,
@@ -667,6 +669,6 @@ def fitness_gradient(
       grads.append(jnp.zeros(np.shape(leaf), getattr(leaf, "dtype", jnp.float32)))
       continue
     grad = _leaf_gradient(block, fitness, seeds, sigma, pop_size, kind, antithetic,
-                          implementation, config)
+                          implementation, config, jnp.dtype(leaf.dtype))
     grads.append(grad.astype(leaf.dtype))
   return jax.tree_util.tree_unflatten(treedef, grads)

@@ -51,26 +51,29 @@ which something was dropped:
   does for NaNs, and the other entries apply.
 
 Checked entry by entry, the updates' check is a reduction beside the
-parameters' addition, not a pass that the addition waits for, so XLA may read
-the updates once for both: jax 0.10.2's XLA does (one multi-output fusion,
-compiled offline for CUDA), but jax 0.11.2's keeps the row reduction as a
-pass of its own, and the step took as long as with a whole-generation check
-on an H200 and an H100 (``benchmarks/RESULTS.md``, session 25). The optimizer
-state's check reads every state leaf once more and the select that keeps the
-old state is a pass of its own (Adam: its moments). With the updates read
-again, XLA's GEMM no longer adds SGD's step to the parameters in its
-epilogue (below): the check costs 21% of an SGD generation on one (8192,
-8192) layer of an H200 and 25% on an H100 (session 25), and 22-24% of an
-Adam one (session 9). ``check_finite=False`` leaves
-them out, as optax does: the estimate is still finite by construction (shaped
-fitness and noise are bounded), so with finite parameters and optimizer
-state and no weight decay, SGD and Adam give finite updates unless the
-learning rate times the estimate overflows; nothing else is guaranteed, and
-``dropped_count`` stays 0. With a low-rank estimate by XLA's GEMM
-(``LowRankGradientConfig(xla_gemm=True)``) and no check, nothing else reads
-the updates, so XLA adds SGD's step to the parameters in the GEMM's epilogue
-(the gradient is never stored): that layer's bf16 generation took 0.358 ms
-against 0.455 ms with the check (session 20).
+parameters' addition, not a pass that the addition waits for, so XLA can read
+the updates once for both (one multi-output fusion). After XLA's GEMM
+(``LowRankGradientConfig(xla_gemm=True)``) it did not while the optimizer's
+element-wise steps sat in the GEMM's epilogue: the check's reduction and the
+addition each read the GEMM's output (jax 0.11.2; the step took as long as
+with a whole-generation check, ``benchmarks/RESULTS.md``, session 25). With
+the check, a barrier now holds the estimate apart from the optimizer there,
+as it does after the library's own kernels, and the optimizer, the check and
+the addition compile to one fusion: for SGD on one bf16 (8192, 8192) layer
+the update moves 544 MiB instead of 672, and 288 without the check (its
+step in the GEMM's epilogue; ``benchmarks/offline_es_passes.py``, session 26:
+XLA of jax 0.11.2 compiling for an H200 without a device; not timed on a GPU
+yet).
+The optimizer state's check reads every state leaf once more and the select
+that keeps the old state is a pass of its own (Adam: its moments). Without
+the check, XLA adds SGD's step to the parameters in the GEMM's epilogue (the
+gradient is never stored): that layer's bf16 generation took 0.357 ms against
+0.454 ms with the check on an H200 (session 25). ``check_finite=False``
+leaves the check out, as optax does: the estimate is still finite by
+construction (shaped fitness and noise are bounded), so with finite
+parameters and optimizer state and no weight decay, SGD and Adam give finite
+updates unless the learning rate times the estimate overflows; nothing else
+is guaranteed, and ``dropped_count`` stays 0.
 
 Non-finite fitness
 ------------------
@@ -517,11 +520,11 @@ class EvolutionStrategy:
     """Whether the low-rank estimate is XLA's GEMM (``LowRankGradientConfig(xla_gemm=True)``).
 
     Its bits already depend on the program (the GEMM's algorithm follows its
-    shape), so neither a barrier nor a seal holds it apart from the optimizer
-    and the parameters' addition: XLA then adds an element-wise optimizer's
-    update (SGD) to the parameters in the GEMM's epilogue when nothing else
-    reads the updates (``check_finite=False``), and the gradient is never
-    stored.
+    shape), so no seal holds it apart from the optimizer and the parameters'
+    addition, and a barrier only with the finiteness check: without the
+    check, XLA adds an element-wise optimizer's update (SGD) to the
+    parameters in the GEMM's epilogue (nothing else reads the updates), and
+    the gradient is never stored.
     """
     config = vn_config.config_for_op(self.config, vn_config.LowRankGradientConfig)
     return self.rank is not None and config is not None and config.xla_gemm
@@ -580,7 +583,12 @@ class EvolutionStrategy:
     count = nonfinite_count
     rescaled = jnp.zeros((), jnp.int32) if rescaled_count is None else rescaled_count
     fixed_order = not self._estimate_by_xla_gemm()
-    if fixed_order:
+    # After XLA's GEMM with the check, the barrier is for speed: without it XLA adds the
+    # optimizer's element-wise steps to the GEMM's epilogue, then the check's reduction and
+    # the parameters' addition each read its output (two passes over the layer). Held
+    # apart, the optimizer, the check and the addition are one multi-output fusion
+    # (XLA of jax 0.11.2, compiled for an H200: benchmarks/offline_es_passes.py).
+    if fixed_order or self.check_finite:
       ascent = jax.lax.optimization_barrier(ascent)
     loss_gradient = jax.tree.map(self._loss_gradient, ascent, param_tree)
     updates, inner_state = self.optimizer.update(loss_gradient, state.inner_state, param_tree)

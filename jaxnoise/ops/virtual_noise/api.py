@@ -355,6 +355,7 @@ def virtual_weight_gradient(
     implementation: str = "auto",
     config: Any = None,
     rank: int | None = None,
+    out_dtype: Any = jnp.float32,
 ) -> jax.Array:
   """ES estimate of a weight gradient from fitness, regenerating the noise.
 
@@ -382,9 +383,14 @@ def virtual_weight_gradient(
     config: kernel config (:class:`WeightGradientConfig`, or
       :class:`LowRankGradientConfig` with a ``rank``) or None.
     rank: None (full-rank noise) or a positive int (low-rank noise).
+    out_dtype: the result's float dtype. The estimate is summed in float32
+      and rounded once to it, so every dtype gets the float32 estimate's
+      bits rounded: with ``rank`` on a GPU the tile kernel rounds in its
+      epilogue, and the float32 estimate is never stored (a bf16 layer's
+      gradient writes half the bytes, and no pass converts it).
 
   Returns:
-    ``weight_shape`` float32 gradient estimate.
+    ``weight_shape`` gradient estimate of ``out_dtype``.
 
   Example:
     >>> import jax.numpy as jnp
@@ -393,13 +399,18 @@ def virtual_weight_gradient(
     (2, 3)
     >>> virtual_weight_gradient(jnp.ones(4), jnp.arange(4), (2, 3), 0.1, rank=2).shape
     (2, 3)
+    >>> low = virtual_weight_gradient(jnp.ones(4), jnp.arange(4), (2, 3), 0.1, rank=2,
+    ...                               out_dtype=jnp.bfloat16)
+    >>> low.dtype
+    dtype(bfloat16)
   """
   seeds = _check_population(seeds, antithetic)
   fitness = _check_fitness(fitness, seeds)
   weight_shape = _common.check_shape(weight_shape, "weight_shape", 2, allow_zero=True)
   rank = noise_lib.check_rank(rank)
+  out_dtype = _common.check_out_dtype(out_dtype)
   return _gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, kind, antithetic,
-                   implementation, config, rank)
+                   implementation, config, rank, out_dtype=out_dtype)
 
 
 def virtual_weight_update(
@@ -548,11 +559,13 @@ def virtual_bias_gradient(
 
 
 def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, implementation,
-              config, rank=None, rows=None, update=None):
+              config, rank=None, rows=None, update=None, out_dtype=jnp.float32):
   """The gradient ops' dispatch; ``rows=(row0, n)`` (low rank): only those rows.
 
   ``update=(weight, step)`` (low-rank kernels only): ``weight + step * gradient``
-  (:func:`pallas_triton_low_rank.low_rank_gradient`).
+  (:func:`pallas_triton_low_rank.low_rank_gradient`). Otherwise the float32
+  estimate rounded once to ``out_dtype``: by the low-rank kernels in their
+  epilogue, after the others.
   """
   sigma = _common.check_sigma(sigma)
   pop_size = fitness.shape[0] if pop_size is None else _common.check_positive_int(
@@ -562,28 +575,30 @@ def _gradient(fitness, seeds, shape, sigma, pop_size, offset, kind, antithetic, 
   implementation = _common.resolve_implementation(implementation)
   noise_lib.check_block_end(offset, math.prod(shape), "the gradient's shape")
   if math.prod(shape) == 0:
-    return jnp.zeros(shape, jnp.float32)
+    return jnp.zeros(shape, out_dtype)
   if rows is not None and rank is None:
     raise ValueError("rows is for low-rank blocks; give a full-rank shard its own shape and offset")
-  if rank is not None and implementation == "reference":
-    return reference.low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, kind=kind,
-                                       antithetic=antithetic, rank=rank, rows=rows)
-  if implementation == "reference":
-    return reference.noise_gradient_reference(fitness, seeds, shape, sigma, pop_size, offset,
-                                              kind=kind, antithetic=antithetic)
-  if rank is not None:
+  if rank is not None and implementation != "reference":
     return _low_rank_kernels().low_rank_gradient(
         fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
         rank=rank, config=config, interpret=implementation == "interpret", rows=rows,
-        update=update)
-  if config is None:
-    key = config_lib.noise_gradient_key(implementation, seeds.shape[0], shape, kind, antithetic,
-                                        offset)
-    config = autotune.lookup(key[0], key)
-  return _kernels().noise_gradient(
-      fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
-      config=config, interpret=implementation == "interpret",
-  )
+        update=update, out_dtype=out_dtype)
+  if rank is not None:
+    gradient = reference.low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset,
+                                           kind=kind, antithetic=antithetic, rank=rank, rows=rows)
+  elif implementation == "reference":
+    gradient = reference.noise_gradient_reference(fitness, seeds, shape, sigma, pop_size, offset,
+                                                  kind=kind, antithetic=antithetic)
+  else:
+    if config is None:
+      key = config_lib.noise_gradient_key(implementation, seeds.shape[0], shape, kind,
+                                          antithetic, offset)
+      config = autotune.lookup(key[0], key)
+    gradient = _kernels().noise_gradient(
+        fitness, seeds, shape, sigma, pop_size, offset, kind=kind, antithetic=antithetic,
+        config=config, interpret=implementation == "interpret",
+    )
+  return gradient.astype(out_dtype)
 
 
 def virtual_reduce_metric(

@@ -399,7 +399,8 @@ def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: in
   if update:
     weight = (_pallas.load(weight_ref.at[tile]) if mask is None
               else _pallas.load(weight_ref.at[tile], mask=mask, other=0))
-    acc = (weight.astype(_F32) + step_ref[0] * acc).astype(out_ref.dtype)
+    acc = weight.astype(_F32) + step_ref[0] * acc
+  acc = acc.astype(out_ref.dtype)
   if mask is None:
     _pallas.store(out_ref.at[tile], acc)
   else:
@@ -407,10 +408,11 @@ def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: in
 
 
 def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=False,
-                  update=None):
-  """``a b^T`` (float32) for ``a`` ``(rows, k)`` and ``b`` ``(cols, k)``, tile by tile.
+                  update=None, out_dtype=_F32):
+  """``a b^T`` for ``a`` ``(rows, k)`` and ``b`` ``(cols, k)``, tile by tile.
 
-  Row tiles start at multiples of ``config.block_rows`` of ``a``'s rows.
+  Row tiles start at multiples of ``config.block_rows`` of ``a``'s rows. Each
+  tile sums in float32 and rounds once to ``out_dtype`` as it stores.
   ``update=(weight, step)`` (``weight`` ``(rows, cols)``, ``step`` a float32
   ``(1,)``) returns ``weight + step * a b^T`` instead, formed in float32 in
   each tile's epilogue and rounded once to ``weight``'s dtype; the output
@@ -423,7 +425,7 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
   kernel = functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
                              config=config, update=update is not None,
                              precision=jax.lax.Precision.HIGHEST if exact else None)
-  operands, out_dtype, aliases = (a, b), _F32, {}
+  operands, aliases = (a, b), {}
   if update is not None:
     weight, step = update
     operands, out_dtype, aliases = (a, b, step, weight), weight.dtype, {3: 0}
@@ -457,7 +459,8 @@ def tile_window(n_rows: int, rows: tuple[int, int] | None, block_rows: int) -> t
 
 
 def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic, rank,
-                      config=None, interpret=False, rows=None, update=None):
+                      config=None, interpret=False, rows=None, update=None,
+                      out_dtype=_F32):
   """GPU path of the low-rank weight-gradient estimate: factors, then :func:`tile_products`.
 
   A Pallas GEMM that generated the factors per output tile would hash each
@@ -478,6 +481,8 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
   once. Where one contraction covers the population and the tiles contract
   (not ``xla_gemm``), the tiles add it in their epilogue (:func:`tile_products`):
   the gradient is never stored, and the weight is read and written once.
+  Otherwise the float32 estimate is rounded once to ``out_dtype``; where one
+  contraction of the tiles covers the population they round as they store.
   """
   if update is not None and rows is not None:
     raise ValueError("update and rows cannot be combined: update a shard with its own rows")
@@ -507,11 +512,11 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
   a_hi, a_lo = noise_lib.block_index(offset, (rank, width), cols=iota(lo, hi - lo))
   b_hi, b_lo = noise_lib.block_index(offset, (rank, width), cols=iota(out_features, in_features))
 
-  def contract(a, b):
+  def contract(a, b, out_dtype=_F32):
     if config.xla_gemm:
       return jax.lax.dot_general(a, b, _DIMS_NT, preferred_element_type=_F32,
                                  precision=None if config.tf32 else jax.lax.Precision.HIGHEST)
-    return tile_products(a, b, config=config, interpret=interpret)
+    return tile_products(a, b, config=config, interpret=interpret, out_dtype=out_dtype)
 
   def operands(w_c, seed_c):
     # K-major operands, (rows, chunk * r) and (in, chunk * r): seeds and components last.
@@ -521,14 +526,15 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
     a = (q_a * w_c[None, :, None]).astype(operand_dtype).reshape(hi - lo, -1)
     return a, q_b.astype(operand_dtype).reshape(in_features, -1)
 
-  def partial(w_c, seed_c):
+  def partial(w_c, seed_c, out_dtype=_F32):
     a, b = operands(w_c, seed_c)
     if config.xla_gemm:
       # No fixed order to protect: XLA may fold what follows into the GEMM's epilogue (the
       # cast to the parameters' dtype; an SGD step where nothing else reads the gradient).
       return contract(a, b)
     # Materialised operands and result: XLA fuses nothing into or out of the contraction.
-    return jax.lax.optimization_barrier(contract(*jax.lax.optimization_barrier((a, b))))
+    return jax.lax.optimization_barrier(
+        contract(*jax.lax.optimization_barrier((a, b)), out_dtype=out_dtype))
 
   if chunk >= n:
     padded = jnp.pad(weights, (0, chunk - n)), jnp.pad(pair_seeds, (0, chunk - n))
@@ -536,11 +542,11 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
       weight, step = update
       return tile_products(*jax.lax.optimization_barrier(operands(*padded)), config=config,
                            interpret=interpret, update=(weight, jnp.reshape(step, (1,))))
-    total = partial(*padded)
+    total = partial(*padded, out_dtype=out_dtype)
   else:
     total = reference._sum_chunks(  # pylint: disable=protected-access
         partial, chunk, n, jnp.zeros((hi - lo, in_features), _F32), weights, pair_seeds)
   if update is not None:
     weight, step = update
     return (weight.astype(_F32) + step * total).astype(weight.dtype)
-  return total[row0 - lo:row0 - lo + n_rows]
+  return total[row0 - lo:row0 - lo + n_rows].astype(out_dtype)
