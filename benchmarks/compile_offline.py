@@ -33,6 +33,7 @@ kernel's 500 ops (see ``benchmarks/RESULTS.md``, "Compile time").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -176,18 +177,37 @@ def _cases(only):
   return out
 
 
+@contextlib.contextmanager
+def traced_as_on_a_gpu():
+  """While tracing, ``jax.default_backend()`` says ``"gpu"``: the library's ops then take
+  their GPU paths (``implementation="auto"`` and ``"pallas"`` resolve to the kernels) on a
+  machine without one, to be lowered for CUDA."""
+  import jax  # pylint: disable=g-import-not-at-top
+  real = jax.default_backend
+  jax.default_backend = lambda: "gpu"
+  try:
+    yield
+  finally:
+    jax.default_backend = real
+
+
 def _lower(cases, directory: pathlib.Path):
   import jax  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops import _pallas  # pylint: disable=g-import-not-at-top
-  # Pipeline depths as on an H200, whatever this machine has.
+  # Pipeline depths as on an H200, whatever this machine has (restored after).
+  machine = _pallas.max_shared_memory_per_block
   _pallas.max_shared_memory_per_block = lambda: H200_SHARED_MEMORY_OPTIN
   files = {}
-  for name, fn, kwargs in cases:
-    lowered = jax.jit(lambda kw, fn=fn: fn(**kw)).trace(kwargs).lower(
-        lowering_platforms=("cuda",))
-    path = directory / (name.replace(" ", "_").replace("=", "") + ".mlir")
-    path.write_text(lowered.as_text())
-    files[name] = path
+  try:
+    for name, fn, kwargs in cases:
+      with traced_as_on_a_gpu():
+        lowered = jax.jit(lambda kw, fn=fn: fn(**kw)).trace(kwargs).lower(
+            lowering_platforms=("cuda",))
+      path = directory / (name.replace(" ", "_").replace("=", "") + ".mlir")
+      path.write_text(lowered.as_text())
+      files[name] = path
+  finally:
+    _pallas.max_shared_memory_per_block = machine
   return files
 
 

@@ -128,7 +128,8 @@ def low_rank_cases(implementation: str = "pallas"):
   """The low-rank kernels through the public API (``implementation``), at every
   kind, offset and ranks 1 and 4: the fused forward (per-individual ``x``, one row per
   member, antithetic: the Mosaic GPU GEMM on a Hopper GPU up to rank 4), the Triton
-  forward (shared ``x``), its VJP, the gradient estimate and the SGD step."""
+  forward (shared ``x``), its VJP, the gradient estimate (float32, and bf16 rounded in the
+  tiles) and the SGD step."""
   spec = jax.ShapeDtypeStruct
   bf16, f32 = jnp.bfloat16, jnp.float32
   sigma = spec((), f32)
@@ -157,6 +158,9 @@ def low_rank_cases(implementation: str = "pallas"):
         out.append((f"lr_gradient {tag}", functools.partial(
             jaxnoise.virtual_weight_gradient, weight_shape=(1024, 1024), antithetic=True,
             **common), dict(fitness=spec((256,), f32), **pairs)))
+        out.append((f"lr_gradient_bf16 {tag}", functools.partial(
+            jaxnoise.virtual_weight_gradient, weight_shape=(1024, 1024), antithetic=True,
+            out_dtype=bf16, **common), dict(fitness=spec((256,), f32), **pairs)))
         out.append((f"lr_weight_update {tag}", functools.partial(
             jaxnoise.virtual_weight_update, antithetic=True, **common),
             dict(weight=spec((1024, 1024), bf16), fitness=spec((256,), f32),

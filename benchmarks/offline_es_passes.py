@@ -12,8 +12,8 @@ PJRT CUDA plugin compiles it for an H200 without a device
 (:mod:`compile_offline`); for each kernel of the optimised ENTRY this prints
 the bytes of the arrays of at least 2**20 entries it reads and writes, and
 their sum. At these sizes the update is memory-bound, so the sum predicts its
-time: the H200 streams about 3.3 MB/us in XLA's element-wise fusions (session
-25's 92 us for the 384 MiB of ``loop_add_fusion``).
+time: on an H200 (session 25) XLA's ``loop_add_fusion`` moved its 384 MiB in
+92 us (4.4 MB/us) and the check's row reduction its 128 MiB in 39 us (3.4).
 
 Every optimizer is run with the check (the default) and without it
 (``check_finite=False``), for the estimate by XLA's GEMM on bf16 operands
@@ -23,22 +23,28 @@ default config). Use the plugin of the GPU's jax (``pip download --no-deps
 jax-cuda13-pjrt==0.11.2``): session 24's prediction with 0.10.2's XLA did not
 carry over (``offline_finite_check.py``).
 
-The Pallas kernels are lowered as on a GPU: ``jax.default_backend`` reports
-``"gpu"`` while tracing, so ``implementation="auto"`` picks them.
+The Pallas kernels are lowered as on a GPU
+(:func:`compile_offline.traced_as_on_a_gpu`).
 
 Found with it (2026-12-05, jax 0.10.2 lowering, jax-cuda13-pjrt 0.11.2's XLA;
-``benchmarks/RESULTS.md``, session 26): with the check and XLA's GEMM, XLA put
-SGD's step in the GEMM's epilogue, so the check's row reduction and the
-parameters' addition each read the GEMM's output (672 MiB in bf16). A barrier
-after the estimate makes the optimizer, the check and the addition one
-multi-output fusion (544 MiB, what the step moves with weight decay or
-without the check's reduction); it never moved more for any optimizer here.
+``benchmarks/RESULTS.md``, session 26; it reproduces the kernels of session
+25's HLO dumped on the GPU):
+
+- with the check and XLA's GEMM, XLA put SGD's step in the GEMM's epilogue, so
+  the check's row reduction and the parameters' addition each read the GEMM's
+  output (672 MiB in bf16). A barrier after the estimate makes the optimizer,
+  the check and the addition one multi-output fusion (544 MiB); it moved less
+  or the same for every optimizer here. The check's zeroing alone (no count,
+  written with ``isfinite`` or with ``abs(u) <= max``) was not fused into the
+  GEMM's epilogue either (a probe, not kept; perhaps because the select reads
+  the product twice).
+- the default tiles wrote the float32 gradient and a pass converted it to
+  bf16 (1088 MiB for SGD); rounded in the tiles' epilogue, 576 MiB.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import pathlib
 import re
@@ -73,17 +79,6 @@ CONFIGS = {
 }
 
 
-@contextlib.contextmanager
-def _traced_as_on_a_gpu():
-  """``implementation="auto"`` resolves to the Pallas kernels while tracing here."""
-  real = jax.default_backend
-  jax.default_backend = lambda: "gpu"
-  try:
-    yield
-  finally:
-    jax.default_backend = real
-
-
 def lowered_update(optimizer: str, config: str, dtype, check_finite: bool):
   """``update`` + ``apply_updates`` of one generation, lowered for CUDA."""
   make, weight_decay = OPTIMIZERS[optimizer]
@@ -98,7 +93,7 @@ def lowered_update(optimizer: str, config: str, dtype, check_finite: bool):
   layer = jax.ShapeDtypeStruct((WIDTH, WIDTH), dtype)
   state = jax.eval_shape(lambda: es.init({"w": jnp.zeros((WIDTH, WIDTH), dtype)},
                                          jax.random.key(0)))
-  with _traced_as_on_a_gpu():
+  with compile_offline.traced_as_on_a_gpu():
     return jax.jit(step, donate_argnums=(0, 1)).trace(
         {"w": layer}, state, jax.ShapeDtypeStruct((POP,), jnp.float32)).lower(
             lowering_platforms=("cuda",))

@@ -196,6 +196,20 @@ def test_compile_probe_cases_trace():
       jax.eval_shape(lambda kw, fn=fn: fn(**kw), kwargs)
 
 
+def test_compile_offline_lowers_public_api_kernel_cases_for_cuda(tmp_path):
+  """compile_offline.py lowers the public ops' Pallas cases for CUDA on a machine without a
+  GPU (the deviceless compile itself needs the PJRT plugin)."""
+  compile_offline = _benchmark_module("compile_offline")
+  compile_probe = _benchmark_module("compile_probe")
+  cases = [case for case in compile_probe.low_rank_cases()
+           if case[0] in ("lr_gradient_bf16 binomial r4 4294967301",
+                          "lr_weight_update rademacher r1 0")]
+  assert len(cases) == 2
+  files = compile_offline._lower(cases, tmp_path)  # pylint: disable=protected-access
+  for path in files.values():
+    assert "__gpu$xla.gpu.triton" in path.read_text()
+
+
 def test_update_warps_probe_quick(tmp_path):
   """probe_update_warps.py: every warps choice it times passes the reference screen."""
   _run(tmp_path, "probe_update_warps.py", "--quick")

@@ -595,8 +595,8 @@ class EvolutionStrategy:
     # The library owns this state: a non-finite optimizer state drops the whole
     # generation, a non-finite update entry is zeroed; either is counted, neither applied.
     # The entries' check is a reduction beside the parameters' addition, not before it,
-    # so XLA may form both in one pass over the updates (jax 0.10.2's XLA does; 0.11.2's
-    # keeps two passes: benchmarks/RESULTS.md, session 25).
+    # so XLA forms both in one pass over the updates (with the barrier above after XLA's
+    # GEMM: benchmarks/RESULTS.md, session 26).
     if self.check_finite:
       state_dropped = ~_all_finite(inner_state)
       dropped = state_dropped | ~_all_finite(updates)
