@@ -144,15 +144,43 @@ class DevicelessCompiler:
                                   len(compile_options), None, None))
 
 
-def optimized_entry(plugin_path: str, lowered) -> str:
+def _varint(value: int) -> bytes:
+  out = bytearray()
+  while True:
+    byte, value = value & 0x7F, value >> 7
+    out.append(byte | (0x80 if value else 0))
+    if not value:
+      return bytes(out)
+
+
+def debug_option_bytes(fields: dict[int, bool]) -> bytes:
+  """``DebugOptions`` booleans by field number, to append to a serialized CompileOptionsProto.
+
+  The field numbers of the plugin's XLA (read from the descriptor inside its ``.so``): a
+  flag newer than this machine's jaxlib cannot be set through jaxlib's options object,
+  and the plugin reads no ``XLA_FLAGS``. A message field given twice is merged, so this
+  is ``executable_build_options`` (3) holding ``debug_options`` (3) holding the fields.
+  """
+  if not fields:
+    return b""
+  inner = b"".join(_varint(number << 3) + _varint(int(value))
+                   for number, value in sorted(fields.items()))
+  message = lambda number, payload: _varint(number << 3 | 2) + _varint(len(payload)) + payload  # noqa: E731
+  return message(3, message(3, inner))
+
+
+def optimized_entry(plugin_path: str, lowered, debug_fields: dict[int, bool] | None = None
+                    ) -> str:
   """The ENTRY computation of XLA's optimised HLO for ``lowered`` (a ``jax.stages.Lowered``
-  for CUDA), compiled deviceless by the plugin at ``plugin_path``."""
+  for CUDA), compiled deviceless by the plugin at ``plugin_path``, with the ``DebugOptions``
+  booleans ``debug_fields`` (field number -> value, see :func:`debug_option_bytes`)."""
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as directory:
     options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
     options.executable_build_options.debug_options.xla_dump_to = directory
-    DevicelessCompiler(plugin_path).compile(lowered.as_text().encode(),
-                                            options.SerializeAsString())
+    DevicelessCompiler(plugin_path).compile(
+        lowered.as_text().encode(),
+        options.SerializeAsString() + debug_option_bytes(debug_fields or {}))
     (optimized,) = pathlib.Path(directory).glob("*gpu_after_optimizations.txt")
     return optimized.read_text().split("\nENTRY ", 1)[1]
 

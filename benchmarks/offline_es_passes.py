@@ -136,15 +136,20 @@ def main(argv=None):
   parser.add_argument("--config", choices=CONFIGS, action="append", help="repeatable")
   parser.add_argument("--dtype", choices=("bfloat16", "float32"), action="append",
                       help="repeatable")
+  parser.add_argument("--debug-field", action="append", default=[], metavar="N[=0]",
+                      help="set DebugOptions boolean field N of the plugin's XLA to true "
+                           "(N=0: false); repeatable (compile_offline.debug_option_bytes)")
   parser.add_argument("--json", help="write the rows here")
   args = parser.parse_args(argv)
+  debug_fields = {int(n): v != "0" for n, _, v in (f.partition("=") for f in args.debug_field)}
   rows = []
   for config in args.config or CONFIGS:
     for dtype in args.dtype or ("bfloat16", "float32"):
       for optimizer in args.optimizer or OPTIMIZERS:
         for check in (True, False):
           entry = compile_offline.optimized_entry(
-              args.plugin, lowered_update(optimizer, config, jnp.dtype(dtype), check))
+              args.plugin, lowered_update(optimizer, config, jnp.dtype(dtype), check),
+              debug_fields)
           kernels = layer_traffic(entry)
           total = sum(moved for _, moved in kernels)
           rows.append({"config": config, "dtype": dtype, "optimizer": optimizer,

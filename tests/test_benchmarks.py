@@ -252,3 +252,12 @@ def test_offline_es_passes_counts_the_layer_sized_arrays_of_each_kernel():
   mib = 1 << 20
   assert module.layer_traffic(entry) == [("gemm.1", 128 * mib + 8 * mib),
                                          ("multi.2", 8 * mib + 128 * mib + 128 * mib)]
+
+
+def test_compile_offline_debug_option_bytes_nest_the_fields():
+  """``executable_build_options`` (3) > ``debug_options`` (3) > field 382 = true, 188 = false."""
+  compile_offline = _benchmark_module("compile_offline")
+  assert compile_offline.debug_option_bytes({}) == b""
+  assert compile_offline.debug_option_bytes({382: True}) == b"\x1a\x05\x1a\x03\xf0\x17\x01"
+  assert compile_offline.debug_option_bytes({188: False, 382: True}) == (
+      b"\x1a\x08\x1a\x06\xe0\x0b\x00\xf0\x17\x01")
