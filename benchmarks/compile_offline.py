@@ -163,6 +163,8 @@ def debug_option_bytes(fields: dict[int, bool]) -> bytes:
   """
   if not fields:
     return b""
+  if any(number < 1 for number in fields):
+    raise ValueError(f"DebugOptions field numbers are positive, got {sorted(fields)}")
   inner = b"".join(_varint(number << 3) + _varint(int(value))
                    for number, value in sorted(fields.items()))
   message = lambda number, payload: _varint(number << 3 | 2) + _varint(len(payload)) + payload  # noqa: E731

@@ -10,6 +10,7 @@
 #   mkdir .s26old && git archive 29cf4d9 jaxnoise benchmarks | tar -x -C .s26old
 #   cp benchmarks/probe_es_step.py .s26old/benchmarks/probe_es_step_s26.py
 source "$(dirname "$0")/_gpu_run_preamble.sh"
+OUT=$(realpath "$OUT")  # the probes below write from other folders
 compiled_tests 240 tests/test_low_rank.py tests/test_optim_es.py \
   -k "out_dtype or weight_update_compiled or xla_gemm or finite"
 probe() {  # probe TAG DIR SCRIPT ARGS...: one probe_es_step run, its rows printed
@@ -18,7 +19,7 @@ probe() {  # probe TAG DIR SCRIPT ARGS...: one probe_es_step run, its rows print
   (cd "$dir" && PYTHONPATH=. timeout 150 python3 "benchmarks/$script" --skip-forms --floor "$@" \
     --out "$OUT/$tag" > "$OUT/$tag.log" 2>&1)
   echo "== $tag"
-  quiet "$OUT/$tag.log" | grep -E "inference|evolution_strategy|^    " | head -24
+  quiet "$OUT/$tag.log" | grep -E "inference|evolution_strategy|^ [0-9]" | head -24
 }
 GEMM="bfloat16 evolution_strategy sgd (where|no check)$"
 TILES="bfloat16 evolution_strategy default tiles sgd (where|no check)$"

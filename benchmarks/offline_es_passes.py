@@ -141,7 +141,13 @@ def main(argv=None):
                            "(N=0: false); repeatable (compile_offline.debug_option_bytes)")
   parser.add_argument("--json", help="write the rows here")
   args = parser.parse_args(argv)
-  debug_fields = {int(n): v != "0" for n, _, v in (f.partition("=") for f in args.debug_field)}
+  debug_fields = {}
+  for field in args.debug_field:
+    number, _, value = field.partition("=")
+    if not number.isdigit() or int(number) < 1 or value not in ("", "0", "1"):
+      parser.error(f"--debug-field takes N, N=0 or N=1 with N a positive field number, "
+                   f"got {field!r}")
+    debug_fields[int(number)] = value != "0"
   rows = []
   for config in args.config or CONFIGS:
     for dtype in args.dtype or ("bfloat16", "float32"):

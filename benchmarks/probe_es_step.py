@@ -264,6 +264,8 @@ def main(argv=None):
                       help="comma-separated BMxBNxBK/warps/stages: the hand-written step with "
                            "the estimate and SGD's step fused (virtual_weight_update) per tiles")
   args = parser.parse_args(argv)
+  if args.default_tiles and not args.skip_forms:
+    parser.error("--default-tiles applies to --skip-forms")
   results = {}
   if args.finite_forms:
     _finite_forms(args)

@@ -43,8 +43,9 @@ any number of devices and any row counts, by construction:
   momentum, Adam, AdamW, ...). A transform that reduces over a whole leaf or
   tree (global-norm clipping) sums its shards in another order: equal to
   float rounding. So is ``LowRankGradientConfig(xla_gemm=True)`` (one XLA
-  GEMM per chunk, with no barrier or seal after it, so that XLA may fuse the
-  optimizer's step into its epilogue).
+  GEMM per chunk, with no seal after it, and a barrier only with the
+  finiteness check, so that XLA may fuse the optimizer's step into its
+  epilogue).
 
 The fitness from :func:`sharded_fitness` comes from evaluating slices of the
 population: every individual's value is a function of its own seed, but XLA
@@ -398,12 +399,6 @@ def _low_rank_row_gradient(es, plan: _LeafPlan, shaped, seeds, row0: int, n_rows
       rank=plan.block.rank, rows=(row0, n_rows), out_dtype=dtype)
 
 
-def _gradient_dtype(leaf) -> jnp.dtype:
-  """The dtype a leaf's gradient rows are formed in: its own float dtype, else float32."""
-  dtype = jnp.dtype(getattr(leaf, "dtype", jnp.float32))
-  return dtype if dtype in _common.FLOAT_DTYPES else jnp.dtype(jnp.float32)
-
-
 def sharded_gradient(es, shaped_fitness: jax.Array, seeds: jax.Array, params: Any, *,
                      mesh: Mesh, axis_name: str = DEFAULT_AXIS_NAME) -> Any:
   """:meth:`EvolutionStrategy.gradient` with each device forming only its rows.
@@ -434,8 +429,8 @@ def sharded_gradient(es, shaped_fitness: jax.Array, seeds: jax.Array, params: An
   pop = seeds.shape[0]
   split = [p for p in plans if p.axis is not None]
 
-  # Each shard's rows in the leaf's dtype: a bf16 layer's rows are never stored in float32.
-  split_dtypes = [_gradient_dtype(leaf) for plan, leaf in zip(plans, leaves)
+  # Each shard's rows in the leaf's dtype (a low-rank block's tiles round as they store).
+  split_dtypes = [population_lib.gradient_dtype(leaf) for plan, leaf in zip(plans, leaves)
                   if plan.axis is not None]
 
   def device_blocks(device, fitness, seeds):
@@ -469,7 +464,7 @@ def sharded_gradient(es, shaped_fitness: jax.Array, seeds: jax.Array, params: An
       else:  # a perturbed scalar: every device forms it (one value)
         grads.append(population_lib._leaf_gradient(  # pylint: disable=protected-access
             plan.block, shaped_fitness, seeds, es.sigma, pop, es.kind, es.antithetic,
-            es.implementation, es.config, jnp.dtype(dtype)).astype(dtype))
+            es.implementation, es.config, population_lib.gradient_dtype(leaf)).astype(dtype))
       continue
     grad = next(padded)[:plan.rows]
     if plan.block.transposed:

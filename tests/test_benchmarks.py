@@ -205,9 +205,14 @@ def test_compile_offline_lowers_public_api_kernel_cases_for_cuda(tmp_path):
            if case[0] in ("lr_gradient_bf16 binomial r4 4294967301",
                           "lr_weight_update rademacher r1 0")]
   assert len(cases) == 2
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops import _pallas  # pylint: disable=g-import-not-at-top
+  limit, backend = _pallas.max_shared_memory_per_block, jax.default_backend
   files = compile_offline._lower(cases, tmp_path)  # pylint: disable=protected-access
   for path in files.values():
     assert "__gpu$xla.gpu.triton" in path.read_text()
+  # What it fakes while lowering is restored.
+  assert (_pallas.max_shared_memory_per_block, jax.default_backend) == (limit, backend)
 
 
 def test_update_warps_probe_quick(tmp_path):

@@ -232,12 +232,12 @@ GRADIENT_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("implementation", ["reference", "interpret"])
 @pytest.mark.parametrize("config_name", sorted(GRADIENT_CONFIGS))
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16])
-def test_gradient_out_dtype_is_the_float32_estimate_rounded_once(rng, implementation,
-                                                                  config_name, out_dtype):
+def test_gradient_out_dtype_is_the_float32_estimate_rounded_once(rng, config_name, out_dtype):
   # 140 members: "chunked" sums two contractions; the others round in the tile kernel.
+  # (The reference sums in float32 and rounds after, whatever the config.)
+  implementation = "interpret"
   pop, shape, sigma = 140, (37, 21), 0.3
   seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
   kwargs = dict(kind="rademacher", antithetic=True, rank=3, implementation=implementation,
@@ -273,9 +273,31 @@ def test_gradient_out_dtype_kernel_rounds_as_it_stores(rng):
   (kernel,) = [e for e in equations
                if e.primitive.name == "pallas_call" and "virtual_low_rank_gradient" in str(e)]
   assert kernel.outvars[0].aval.dtype == jnp.bfloat16  # stored as bfloat16: no float32 pass
+  # Nothing converts a float32 gradient-shaped array (the kernel's output passes a barrier
+  # on its way out, so no conversion reads it directly either way).
   converts = [e for e in equations if e.primitive.name == "convert_element_type"
-              and any(v is kernel.outvars[0] for v in e.invars)]
-  assert not converts
+              and e.invars[0].aval.dtype == jnp.float32 and e.invars[0].aval.shape[-1:] == (14,)]
+  assert not converts, converts
+
+
+def test_fitness_gradient_asks_the_kernel_for_the_leaf_dtype(rng):
+  """``fitness_gradient`` (and so the ES transform) of a bf16 model: the tiles store bf16."""
+  model = nnx.Linear(14, 9, use_bias=False, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  seeds, fitness = _seeds(rng, 12, True), _normal(rng, (12,))
+
+  def gradient(fitness):
+    return jaxnoise.nn.fitness_gradient(model, fitness, seeds, 0.1, rank=2, antithetic=True,
+                                        implementation="interpret")
+
+  equations = list(_equations(jax.make_jaxpr(gradient)(fitness).jaxpr))
+  kernels = [e for e in equations
+             if e.primitive.name == "pallas_call" and "virtual_low_rank_gradient" in str(e)]
+  assert [k.outvars[0].aval.dtype for k in kernels] == [jnp.bfloat16]
+  grad = gradient(fitness)
+  assert grad["kernel"].dtype == jnp.bfloat16
+  wide = jaxnoise.virtual_weight_gradient(fitness, seeds, (9, 14), 0.1, rank=2, antithetic=True,
+                                          implementation="interpret")
+  np.testing.assert_array_equal(grad["kernel"], wide.T.astype(jnp.bfloat16))
 
 
 @pytest.mark.parametrize("out_dtype", [jnp.int32, "bool", jnp.float64])

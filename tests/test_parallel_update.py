@@ -289,3 +289,40 @@ def test_sharded_evaluate_keeps_parameters_sharded(rng):
     assert value["all_gathers"] == 7 and value["barriers"] == 2, (key, value)
     assert value["step_bit_exact"], (key, value)
     assert "P(None, 'population')" in value["param_specs"], (key, value)
+
+
+def test_sharded_gradient_rows_are_stored_in_the_leaf_dtype(rng):
+  """Each shard's low-rank tiles store a bf16 layer's rows as bf16 (one-device mesh here)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  import jaxnoise  # pylint: disable=g-import-not-at-top
+  from jaxnoise import parallel  # pylint: disable=g-import-not-at-top
+
+  model = nnx.Linear(14, 16, use_bias=False, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  params = nnx.state(model, nnx.Param)
+  es = jaxnoise.optim.evolution_strategy(0.05, optax.sgd(0.1), pop_size=16, rank=2,
+                                         implementation="interpret")
+  seeds, _ = es.ask(es.init(model))
+  fitness = jnp.asarray(rng.normal(size=16), jnp.float32)
+  mesh = parallel.population_mesh(jax.devices()[:1])
+
+  def sharded(fitness):
+    return parallel.sharded_gradient(es, fitness, seeds, params, mesh=mesh)
+
+  def equations(jaxpr):
+    for eqn in jaxpr.eqns:
+      yield eqn
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+          inner = getattr(sub, "jaxpr", sub)
+          if hasattr(inner, "eqns"):
+            yield from equations(inner)
+
+  kernels = [e for e in equations(jax.make_jaxpr(sharded)(fitness).jaxpr)
+             if e.primitive.name == "pallas_call" and "virtual_low_rank_gradient" in str(e)]
+  assert kernels and all(k.outvars[0].aval.dtype == jnp.bfloat16 for k in kernels)
+  one = es.gradient(fitness, seeds, params)
+  np.testing.assert_array_equal(sharded(fitness)["kernel"], one["kernel"])

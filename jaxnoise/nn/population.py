@@ -579,9 +579,17 @@ def apply_split(graphdef, params, rest, layout: ParameterLayout, seeds, sigma, f
 # ES gradient for the whole tree.
 
 
+def gradient_dtype(leaf) -> jnp.dtype:
+  """The dtype a leaf's estimate is rounded to: its own float dtype (float32, bfloat16 or
+  float16), else float32 (the caller casts the rest)."""
+  dtype = jnp.dtype(getattr(leaf, "dtype", jnp.float32))
+  return dtype if dtype in _common.FLOAT_DTYPES else jnp.dtype(jnp.float32)
+
+
 def _leaf_gradient(block: NoiseBlock, fitness, seeds, sigma, pop_size, kind, antithetic,
                    implementation, config, dtype):
-  """The leaf's estimate in ``dtype``; a low-rank block's kernel rounds to it as it stores."""
+  """The leaf's estimate: a low-rank block's in ``dtype`` (its kernel rounds as it stores
+  where it can), the others in float32; the caller casts to the leaf's dtype."""
   # Each leaf's op takes the config of its own type; the others pick their heuristics.
   config_type = (config_lib.LowRankGradientConfig if block.rank is not None
                  else config_lib.NoiseGradientConfig)
@@ -589,9 +597,8 @@ def _leaf_gradient(block: NoiseBlock, fitness, seeds, sigma, pop_size, kind, ant
                 config=config_lib.config_for_op(config, config_type))
   shape = block.noise_shape
   if block.rank is not None:
-    out_dtype = dtype if dtype in _common.FLOAT_DTYPES else jnp.float32
     grad = ops.virtual_weight_gradient(fitness, seeds, shape, sigma, pop_size, block.offset,
-                                       rank=block.rank, out_dtype=out_dtype, **common)
+                                       rank=block.rank, out_dtype=dtype, **common)
   elif len(shape) >= 2:
     rows = (math.prod(shape[:-1]), shape[-1])
     grad = ops.virtual_weight_gradient(fitness, seeds, rows, sigma, pop_size, block.offset,
@@ -669,6 +676,6 @@ def fitness_gradient(
       grads.append(jnp.zeros(np.shape(leaf), getattr(leaf, "dtype", jnp.float32)))
       continue
     grad = _leaf_gradient(block, fitness, seeds, sigma, pop_size, kind, antithetic,
-                          implementation, config, jnp.dtype(leaf.dtype))
+                          implementation, config, gradient_dtype(leaf))
     grads.append(grad.astype(leaf.dtype))
   return jax.tree_util.tree_unflatten(treedef, grads)

@@ -385,9 +385,11 @@ def virtual_weight_gradient(
     rank: None (full-rank noise) or a positive int (low-rank noise).
     out_dtype: the result's float dtype. The estimate is summed in float32
       and rounded once to it, so every dtype gets the float32 estimate's
-      bits rounded: with ``rank`` on a GPU the tile kernel rounds in its
-      epilogue, and the float32 estimate is never stored (a bf16 layer's
-      gradient writes half the bytes, and no pass converts it).
+      bits rounded. With ``rank``, where one contraction of the tile kernel
+      covers the population (not ``xla_gemm``, not chunked), the tiles round
+      as they store, and the float32 estimate is never stored (a bf16
+      layer's gradient writes half the bytes, and no pass converts it);
+      elsewhere the float32 sum is rounded after.
 
   Returns:
     ``weight_shape`` gradient estimate of ``out_dtype``.

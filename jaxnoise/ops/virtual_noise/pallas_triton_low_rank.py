@@ -412,7 +412,8 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
   """``a b^T`` for ``a`` ``(rows, k)`` and ``b`` ``(cols, k)``, tile by tile.
 
   Row tiles start at multiples of ``config.block_rows`` of ``a``'s rows. Each
-  tile sums in float32 and rounds once to ``out_dtype`` as it stores.
+  tile sums in float32 and rounds once to ``out_dtype`` as it stores (with
+  ``update``, to the weight's dtype: ``out_dtype`` is not used).
   ``update=(weight, step)`` (``weight`` ``(rows, cols)``, ``step`` a float32
   ``(1,)``) returns ``weight + step * a b^T`` instead, formed in float32 in
   each tile's epilogue and rounded once to ``weight``'s dtype; the output
