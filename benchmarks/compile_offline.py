@@ -171,11 +171,11 @@ def debug_option_bytes(fields: dict[int, bool]) -> bytes:
   return message(3, message(3, inner))
 
 
-def optimized_entry(plugin_path: str, lowered, debug_fields: dict[int, bool] | None = None
-                    ) -> str:
-  """The ENTRY computation of XLA's optimised HLO for ``lowered`` (a ``jax.stages.Lowered``
-  for CUDA), compiled deviceless by the plugin at ``plugin_path``, with the ``DebugOptions``
-  booleans ``debug_fields`` (field number -> value, see :func:`debug_option_bytes`)."""
+def optimized_module(plugin_path: str, lowered, debug_fields: dict[int, bool] | None = None
+                     ) -> str:
+  """XLA's optimised HLO module (text) for ``lowered`` (a ``jax.stages.Lowered`` for CUDA),
+  compiled deviceless by the plugin at ``plugin_path``, with the ``DebugOptions`` booleans
+  ``debug_fields`` (field number -> value, see :func:`debug_option_bytes`)."""
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as directory:
     options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
@@ -184,7 +184,13 @@ def optimized_entry(plugin_path: str, lowered, debug_fields: dict[int, bool] | N
         lowered.as_text().encode(),
         options.SerializeAsString() + debug_option_bytes(debug_fields or {}))
     (optimized,) = pathlib.Path(directory).glob("*gpu_after_optimizations.txt")
-    return optimized.read_text().split("\nENTRY ", 1)[1]
+    return optimized.read_text()
+
+
+def optimized_entry(plugin_path: str, lowered, debug_fields: dict[int, bool] | None = None
+                    ) -> str:
+  """The ENTRY computation of :func:`optimized_module`."""
+  return optimized_module(plugin_path, lowered, debug_fields).split("\nENTRY ", 1)[1]
 
 
 # ---------------------------------------------------------------------------

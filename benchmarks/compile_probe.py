@@ -161,6 +161,18 @@ def low_rank_cases(implementation: str = "pallas"):
         out.append((f"lr_gradient_bf16 {tag}", functools.partial(
             jaxnoise.virtual_weight_gradient, weight_shape=(1024, 1024), antithetic=True,
             out_dtype=bf16, **common), dict(fitness=spec((256,), f32), **pairs)))
+        # 192 pairs in three chunks of 64: the first chunk's tiles store the float32 sum,
+        # the second's add to it in a loop, the last's round it to bf16 or take the step.
+        chunked = vn_config.LowRankGradientConfig(chunk=64)
+        triple = dict(seeds=spec((384,), jnp.uint32), sigma=sigma)
+        out.append((f"lr_gradient_chunked_bf16 {tag}", functools.partial(
+            jaxnoise.virtual_weight_gradient, weight_shape=(1024, 1024), antithetic=True,
+            out_dtype=bf16, config=chunked, **common),
+            dict(fitness=spec((384,), f32), **triple)))
+        out.append((f"lr_weight_update_chunked {tag}", functools.partial(
+            jaxnoise.virtual_weight_update, antithetic=True, config=chunked, **common),
+            dict(weight=spec((1024, 1024), bf16), fitness=spec((384,), f32),
+                 step_size=spec((), f32), **triple)))
         out.append((f"lr_weight_update {tag}", functools.partial(
             jaxnoise.virtual_weight_update, antithetic=True, **common),
             dict(weight=spec((1024, 1024), bf16), fitness=spec((256,), f32),

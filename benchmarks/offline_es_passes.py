@@ -79,10 +79,10 @@ CONFIGS = {
 }
 
 
-def lowered_update(optimizer: str, config: str, dtype, check_finite: bool):
+def lowered_update(optimizer: str, config: str, dtype, check_finite: bool, rank: int = 1):
   """``update`` + ``apply_updates`` of one generation, lowered for CUDA."""
   make, weight_decay = OPTIMIZERS[optimizer]
-  es = jaxnoise.optim.evolution_strategy(SIGMA, make(), pop_size=POP, rank=1,
+  es = jaxnoise.optim.evolution_strategy(SIGMA, make(), pop_size=POP, rank=rank,
                                          weight_decay=weight_decay, check_finite=check_finite,
                                          config=CONFIGS[config])
 
@@ -111,16 +111,45 @@ def large_bytes(shapes: str) -> int:
   return total
 
 
-def layer_traffic(entry: str) -> list[tuple[str, int]]:
-  """``(kernel, bytes read and written of large arrays)`` for each kernel of an ENTRY."""
+def _computations(module: str) -> dict[str, list[str]]:
+  """Each computation's instruction lines by name (the ENTRY's as ``"ENTRY"``; a text of
+  one computation without an ENTRY header is taken as the ENTRY)."""
+  computations, lines = {}, None
+  for line in module.splitlines():
+    header = re.match(r"(ENTRY )?%(\S+) \(.*\{\s*$", line)
+    if header:
+      lines = computations.setdefault("ENTRY" if header.group(1) else header.group(2), [])
+    elif line.startswith("}"):
+      lines = None
+    elif lines is not None:
+      lines.append(line)
+  if "ENTRY" not in computations and computations:
+    computations["ENTRY"] = next(iter(computations.values()))
+  return computations
+
+
+def layer_traffic(module: str, computation: str = "ENTRY", _computed=None
+                  ) -> list[tuple[str, int]]:
+  """``(kernel, bytes read and written of large arrays)`` for each kernel of a computation.
+
+  A ``while`` loop's body is counted as its kernels times the loop's known trip count
+  (``"while.1/fusion.3 x2"``); the loop itself moves nothing.
+  """
+  computations = _computations(module) if _computed is None else _computed
   shapes, kernels = {}, []
-  for line in entry.splitlines()[1:]:
+  for line in computations.get(computation, []):
     match = re.match(r"\s*(?:ROOT )?%(\S+) = (.+?) ([\w-]+)\((.*?)\)", line)
     if not match:
       continue
     name, shape, op, operands = match.groups()
     shapes[name] = shape
-    if op in ("fusion", "custom-call", "while", "copy"):
+    if op == "while":
+      body = re.search(r"body=%([\w.\-]+)", line).group(1)
+      trips = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
+      count = int(trips.group(1)) if trips else 1
+      for kernel, moved in layer_traffic(module, body, computations):
+        kernels.append((f"{name}/{kernel} x{count}{'' if trips else '?'}", moved * count))
+    elif op in ("fusion", "custom-call", "copy"):
       read = sum(large_bytes(shapes.get(o.strip().lstrip("%"), "")) for o in operands.split(","))
       moved = read + large_bytes(shape)
       if moved:
@@ -136,6 +165,8 @@ def main(argv=None):
   parser.add_argument("--config", choices=CONFIGS, action="append", help="repeatable")
   parser.add_argument("--dtype", choices=("bfloat16", "float32"), action="append",
                       help="repeatable")
+  parser.add_argument("--rank", type=int, default=1,
+                      help="noise rank (4: the default tiles contract two chunks)")
   parser.add_argument("--debug-field", action="append", default=[], metavar="N[=0]",
                       help="set DebugOptions boolean field N of the plugin's XLA to true "
                            "(N=0: false); repeatable (compile_offline.debug_option_bytes)")
@@ -153,16 +184,17 @@ def main(argv=None):
     for dtype in args.dtype or ("bfloat16", "float32"):
       for optimizer in args.optimizer or OPTIMIZERS:
         for check in (True, False):
-          entry = compile_offline.optimized_entry(
-              args.plugin, lowered_update(optimizer, config, jnp.dtype(dtype), check),
+          module = compile_offline.optimized_module(
+              args.plugin, lowered_update(optimizer, config, jnp.dtype(dtype), check, args.rank),
               debug_fields)
-          kernels = layer_traffic(entry)
+          kernels = layer_traffic(module)
           total = sum(moved for _, moved in kernels)
-          rows.append({"config": config, "dtype": dtype, "optimizer": optimizer,
+          rows.append({"rank": args.rank, "config": config, "dtype": dtype,
+                       "optimizer": optimizer,
                        "check_finite": check, "mib": total >> 20,
                        "kernels": {name: moved >> 20 for name, moved in kernels}})
           detail = " ".join(f"{name}:{moved >> 20}" for name, moved in kernels)
-          print(f"{config:8s} {dtype:8s} {optimizer:9s} check={check!s:5s} "
+          print(f"r{args.rank} {config:8s} {dtype:8s} {optimizer:9s} check={check!s:5s} "
                 f"{total >> 20:5d} MiB  {detail}", flush=True)
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -18,7 +18,7 @@ more came from ``centered_rank``'s two ``searchsorted`` while loops.
 dropping a non-finite generation: its default (element-wise selects),
 ``check_finite=False`` (no check) and ``lax.cond`` over the inner state
 (session 9); ``--default-tiles`` forms the estimate there by the library's
-default fixed-order tiles instead of XLA's GEMM.
+default fixed-order tiles instead of XLA's GEMM, ``--rank 4`` at rank 4.
 ``--floor`` also times batch inference of the layer and prints each step
 against twice it (inference plus one GEMM of the layer's size: issue 9's
 target is at most 1.3x), with the step's kernel count.
@@ -171,13 +171,14 @@ def make_es_step(dtype, optimizer_name: str, rank: int = 1, skip_form: str = "wh
 
 def measure(dtype, *, ranks: bool, donate: bool, es_optimizer: str | None = None,
             skip_form: str = "where", donate_state: bool = True,
-            fused_tiles: str | None = None, default_tiles: bool = False) -> dict:
+            fused_tiles: str | None = None, default_tiles: bool = False,
+            rank: int = 1) -> dict:
   key = jax.random.key(0)
   weight = (jax.random.normal(key, (WIDTH, WIDTH), jnp.float32) / WIDTH ** 0.5).astype(dtype)
   x = jax.random.normal(jax.random.key(1), (POP, 1, WIDTH), dtype)
   seeds = jaxnoise.draw_seeds(jax.random.key(2), POP, antithetic=True)
   if es_optimizer is not None:
-    es, es_step = make_es_step(dtype, es_optimizer, skip_form=skip_form,
+    es, es_step = make_es_step(dtype, es_optimizer, rank=rank, skip_form=skip_form,
                                default_tiles=default_tiles)
     step = jax.jit(es_step, donate_argnums=(0, 1) if donate_state else (0,))
     state = {"carry": ({"w": weight}, es.init({"w": weight}))}
@@ -260,12 +261,14 @@ def main(argv=None):
   parser.add_argument("--default-tiles", action="store_true",
                       help="--skip-forms with the estimate by the default fixed-order tiles "
                            "(not XLA's GEMM)")
+  parser.add_argument("--rank", type=int, default=1,
+                      help="--skip-forms at this noise rank (4: the estimate in two chunks)")
   parser.add_argument("--update-tiles", default="",
                       help="comma-separated BMxBNxBK/warps/stages: the hand-written step with "
                            "the estimate and SGD's step fused (virtual_weight_update) per tiles")
   args = parser.parse_args(argv)
-  if args.default_tiles and not args.skip_forms:
-    parser.error("--default-tiles applies to --skip-forms")
+  if (args.default_tiles or args.rank != 1) and not args.skip_forms:
+    parser.error("--default-tiles and --rank apply to --skip-forms")
   results = {}
   if args.finite_forms:
     _finite_forms(args)
@@ -289,10 +292,12 @@ def main(argv=None):
                  for tiles in filter(None, args.update_tiles.split(","))]
     if args.skip_forms:
       tiles = " default tiles" if args.default_tiles else ""
-      variants = [(f"evolution_strategy{tiles} {name} {form}"
+      rank = f" r{args.rank}" if args.rank != 1 else ""
+      variants = [(f"evolution_strategy{tiles}{rank} {name} {form}"
                    f"{'' if donate else ' state not donated'}",
                    dict(ranks=True, donate=True, es_optimizer=name, skip_form=form,
-                        donate_state=donate, default_tiles=args.default_tiles))
+                        donate_state=donate, default_tiles=args.default_tiles,
+                        rank=args.rank))
                   for name in ("sgd", "adam")
                   for form, donate in (("where", True), ("no check", True),
                                        ("cond state", True), ("cond state", False))]

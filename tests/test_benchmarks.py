@@ -266,3 +266,25 @@ def test_compile_offline_debug_option_bytes_nest_the_fields():
   assert compile_offline.debug_option_bytes({382: True}) == b"\x1a\x05\x1a\x03\xf0\x17\x01"
   assert compile_offline.debug_option_bytes({188: False, 382: True}) == (
       b"\x1a\x08\x1a\x06\xe0\x0b\x00\xf0\x17\x01")
+
+
+def test_offline_es_passes_counts_a_loop_body_per_trip():
+  module = _benchmark_module("offline_es_passes")
+  text = """HloModule m
+
+%body.1 (p: (s32[], f32[4096,512])) -> (s32[], f32[4096,512]) {
+  %p = (s32[], f32[4096,512]{1,0}) parameter(0)
+  %total = f32[4096,512]{1,0} get-tuple-element(%p), index=1
+  %add.1 = f32[4096,512]{1,0} fusion(%total), kind=kLoop, calls=%f
+  ROOT %t = (s32[], f32[4096,512]{1,0}) tuple(%i, %add.1)
+}
+
+ENTRY %main (a: f32[4096,512]) -> f32[4096,512] {
+  %a = f32[4096,512]{1,0} parameter(0)
+  %tuple = (s32[], f32[4096,512]{1,0}) tuple(%zero, %a)
+  %while.1 = (s32[], f32[4096,512]{1,0}) while(%tuple), condition=%cond, body=%body.1, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %out = f32[4096,512]{1,0} get-tuple-element(%while.1), index=1
+}
+"""
+  mib = 1 << 20
+  assert module.layer_traffic(text) == [("while.1/add.1 x3", 3 * (8 * mib + 8 * mib))]

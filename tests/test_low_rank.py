@@ -250,6 +250,41 @@ def test_gradient_out_dtype_is_the_float32_estimate_rounded_once(rng, config_nam
   np.testing.assert_array_equal(narrow, wide.astype(out_dtype))
 
 
+@pytest.mark.parametrize("pairs,n_chunks", [(140, 3), (100, 2)])
+def test_chunked_tiles_are_the_chunks_single_contractions_summed_in_order(rng, pairs, n_chunks):
+  """The tiles add each chunk to the running float32 sum in their epilogue: bit for bit the
+  chunks' own gradients (sub-populations, one contraction each) added in order in XLA."""
+  pop, shape, sigma, offset = 2 * pairs, (37, 21), 0.3, (1 << 32) - 60
+  seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
+  common = dict(kind="rademacher", antithetic=True, rank=3, implementation="interpret")
+  tiles = dict(operand_dtype="bfloat16", block_rows=16, block_cols=32, block_k=16, num_stages=2)
+  # 64 pairs a contraction (the kernel's alignment), the last chunk partial.
+  chunked = jaxnoise.virtual_weight_gradient(
+      fitness, seeds, shape, sigma, pop, offset,
+      config=config_lib.LowRankGradientConfig(chunk=64, **tiles), **common)
+  whole = config_lib.LowRankGradientConfig(**tiles)
+  parts = [jaxnoise.virtual_weight_gradient(fitness[2 * p0:2 * p0 + 128],
+                                            seeds[2 * p0:2 * p0 + 128], shape, sigma, pop,
+                                            offset, config=whole, **common)
+           for p0 in range(0, pairs, 64)]
+  assert len(parts) == n_chunks
+  expected = parts[0]
+  for part in parts[1:]:
+    expected = expected + part
+  np.testing.assert_array_equal(chunked, expected)
+  narrow = jaxnoise.virtual_weight_gradient(
+      fitness, seeds, shape, sigma, pop, offset, out_dtype=jnp.bfloat16,
+      config=config_lib.LowRankGradientConfig(chunk=64, **tiles), **common)
+  np.testing.assert_array_equal(narrow, expected.astype(jnp.bfloat16))
+  # The step in the last chunk's epilogue (0.5: its product is exact, with or without an FMA).
+  weight = _normal(rng, shape, jnp.bfloat16)
+  new = jaxnoise.virtual_weight_update(
+      weight, fitness, seeds, sigma, 0.5, pop, offset,
+      config=config_lib.LowRankGradientConfig(chunk=64, **tiles), **common)
+  np.testing.assert_array_equal(
+      new, (weight.astype(jnp.float32) + 0.5 * expected).astype(jnp.bfloat16))
+
+
 def _equations(jaxpr):
   """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters."""
   for eqn in jaxpr.eqns:
@@ -326,7 +361,7 @@ UPDATE_CONFIGS = {
     "fused": config_lib.LowRankGradientConfig(tf32=False),
     "fused ragged bf16 tiles": config_lib.LowRankGradientConfig(
         operand_dtype="bfloat16", block_rows=16, block_cols=32, block_k=16, num_stages=2),
-    # The gradient first, then the step.
+    # Two contractions: the last chunk's tiles add the step to the running sum.
     "chunked": config_lib.LowRankGradientConfig(chunk=3, tf32=False),  # 64 (aligned) a chunk
     "xla gemm": config_lib.LowRankGradientConfig(xla_gemm=True, tf32=False),
 }
@@ -373,10 +408,11 @@ def _pallas_call_names(fn, *args) -> list[str]:
 
 
 @pytest.mark.parametrize("config_name,kernel", [
-    ("fused", ["virtual_low_rank_update"]), ("chunked", ["virtual_low_rank_gradient"]),
+    ("fused", ["virtual_low_rank_update"]),
+    # The first chunk's tiles store the float32 sum, the last's add the step.
+    ("chunked", ["virtual_low_rank_update", "virtual_low_rank_gradient"]),
     ("xla gemm", [])])
-def test_weight_update_fuses_the_step_where_one_contraction_covers_the_population(
-    rng, config_name, kernel):
+def test_weight_update_fuses_the_step_where_the_tiles_contract(rng, config_name, kernel):
   seeds, fitness = _seeds(rng, 140, True), _normal(rng, (140,))  # "chunked": 70 pairs, 2 chunks
   weight = _normal(rng, (9, 14), jnp.bfloat16)
 
@@ -456,6 +492,33 @@ def test_gradient_out_dtype_compiled_on_gpu(rng, kind):
     for out_dtype in (jnp.bfloat16, jnp.float16):
       narrow = jax.jit(gradient, static_argnums=1)(fitness, out_dtype)
       np.testing.assert_array_equal(narrow, wide.astype(out_dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunked_tiles_compiled_on_gpu(rng, kind):
+  """Compiled, three chunks summed in the tiles' epilogues equal the chunks' own gradients
+  added in XLA, bit for bit; rounded to bf16 and as an SGD step too."""
+  pairs, shape, sigma, offset = 150, (300, 517), 0.05, (1 << 32) + 5
+  pop = 2 * pairs
+  seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
+  common = dict(kind=kind, antithetic=True, rank=2, implementation="pallas")
+  chunked = config_lib.LowRankGradientConfig(chunk=64)
+  whole = config_lib.LowRankGradientConfig()
+  gradient = jax.jit(lambda f, s, config, out_dtype=jnp.float32: jaxnoise.virtual_weight_gradient(
+      f, s, shape, sigma, pop, offset, config=config, out_dtype=out_dtype, **common),
+                     static_argnums=(2, 3))
+  parts = [gradient(fitness[2 * p0:2 * p0 + 128], seeds[2 * p0:2 * p0 + 128], whole)
+           for p0 in range(0, pairs, 64)]
+  expected = parts[0] + parts[1] + parts[2]
+  np.testing.assert_array_equal(gradient(fitness, seeds, chunked), expected)
+  np.testing.assert_array_equal(gradient(fitness, seeds, chunked, jnp.bfloat16),
+                                expected.astype(jnp.bfloat16))
+  weight = _normal(rng, shape, jnp.bfloat16)
+  new = jax.jit(lambda w: jaxnoise.virtual_weight_update(w, fitness, seeds, sigma, 0.5, pop,
+                                                         offset, config=chunked, **common))(weight)
+  np.testing.assert_array_equal(new, (weight.astype(jnp.float32) + 0.5 * expected).astype(
+      jnp.bfloat16))
 
 
 @pytest.mark.parametrize("shared", [True, False])

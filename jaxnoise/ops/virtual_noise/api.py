@@ -385,11 +385,11 @@ def virtual_weight_gradient(
     rank: None (full-rank noise) or a positive int (low-rank noise).
     out_dtype: the result's float dtype. The estimate is summed in float32
       and rounded once to it, so every dtype gets the float32 estimate's
-      bits rounded. With ``rank``, where one contraction of the tile kernel
-      covers the population (not ``xla_gemm``, not chunked), the tiles round
-      as they store, and the float32 estimate is never stored (a bf16
-      layer's gradient writes half the bytes, and no pass converts it);
-      elsewhere the float32 sum is rounded after.
+      bits rounded. With ``rank`` and the tile kernel (not ``xla_gemm``),
+      the last contraction's tiles round as they store: with one
+      contraction the float32 estimate is never stored, with several only
+      their running sum is (a bf16 layer's gradient writes half the bytes,
+      and no pass converts it); elsewhere the float32 sum is rounded after.
 
   Returns:
     ``weight_shape`` gradient estimate of ``out_dtype``.
@@ -434,13 +434,15 @@ def virtual_weight_update(
 
   ``gradient`` is :func:`virtual_weight_gradient` of the same arguments; the
   sum is formed in float32 and rounded once to ``weight``'s dtype. With
-  ``rank`` on a GPU, when one contraction covers the population (the
-  default ``LowRankGradientConfig.chunk`` does up to ``2**24 / (out + in)``
-  members) and the contraction is the tile kernel (not ``xla_gemm``), each
-  output tile adds ``step_size`` times its products to the weight tile in
-  its epilogue: the gradient is never stored, and ``weight`` is read and
-  written once, in place when the caller donates it (``jax.jit(...,
-  donate_argnums=...)``). Otherwise the gradient is formed, then added.
+  ``rank`` on a GPU and the tile kernel (not ``xla_gemm``), each output tile
+  of the last contraction adds ``step_size`` times the sum to the weight tile
+  in its epilogue: ``weight`` is read and written once, in place when the
+  caller donates it (``jax.jit(..., donate_argnums=...)``), and where one
+  contraction covers the population (the default
+  ``LowRankGradientConfig.chunk`` takes up to ``2**24 / ((out + in) r)``
+  members) the gradient is never stored; with more, only the earlier
+  contractions' running float32 sum is. With ``xla_gemm`` the gradient is
+  formed, then added.
 
   This is what ``optax.sgd(step_size)`` on the negated estimate followed by
   ``optax.apply_updates`` computes, with one rounding instead of three (the

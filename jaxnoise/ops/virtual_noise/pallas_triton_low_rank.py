@@ -358,16 +358,22 @@ _K_ALIGN = 64
 
 
 def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: int,
-                          config: config_lib.LowRankGradientConfig, precision, update: bool):
+                          config: config_lib.LowRankGradientConfig, precision, update: bool,
+                          running: bool):
   """One ``(block_rows, block_cols)`` tile of ``a b^T``, summed over ``k`` in ``block_k`` steps.
 
   The steps are the same for every tile (masked loads add exact zeros past the
   ends), so an element's value does not depend on where its tile lies.
-  ``update``: ``refs`` are ``(step_ref, weight_ref, out_ref)`` and the tile
-  stored is ``weight + step * acc`` in float32, rounded once to the weight's
-  dtype (the output aliases ``weight``).
+  ``running``: ``refs`` start with ``total_ref`` (float32), and the tile is
+  ``total + acc`` (one float32 addition, as XLA's ``total + a b^T``).
+  ``update``: ``refs`` then hold ``(step_ref, weight_ref)`` and the tile stored
+  is ``weight + step * acc`` in float32, rounded once to the weight's dtype
+  (the output aliases ``weight``). ``out_ref`` comes last.
   """
-  step_ref, weight_ref, out_ref = refs if update else (None, None) + refs
+  refs = list(refs)
+  total_ref = refs.pop(0) if running else None
+  step_ref, weight_ref = (refs.pop(0), refs.pop(0)) if update else (None, None)
+  (out_ref,) = refs
   block_rows, block_cols, block_k = config.block_rows, config.block_cols, config.block_k
   row0 = pl.program_id(0) * block_rows
   col0 = pl.program_id(1) * block_cols
@@ -396,6 +402,9 @@ def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: in
                           jnp.zeros((block_rows, block_cols), _F32))
   tile = (pl.ds(row0, block_rows), pl.ds(col0, block_cols))
   mask = rows_ok[:, None] & cols_ok[None, :] if ragged_rows or ragged_cols else None
+  if running:
+    acc = (_pallas.load(total_ref.at[tile]) if mask is None
+           else _pallas.load(total_ref.at[tile], mask=mask, other=0)) + acc
   if update:
     weight = (_pallas.load(weight_ref.at[tile]) if mask is None
               else _pallas.load(weight_ref.at[tile], mask=mask, other=0))
@@ -408,12 +417,17 @@ def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: in
 
 
 def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=False,
-                  update=None, out_dtype=_F32):
+                  update=None, out_dtype=_F32, total=None):
   """``a b^T`` for ``a`` ``(rows, k)`` and ``b`` ``(cols, k)``, tile by tile.
 
   Row tiles start at multiples of ``config.block_rows`` of ``a``'s rows. Each
   tile sums in float32 and rounds once to ``out_dtype`` as it stores (with
   ``update``, to the weight's dtype: ``out_dtype`` is not used).
+  ``total`` (float32 ``(rows, cols)``, a running sum over earlier
+  contractions): each tile adds its products to it first, one float32
+  addition per element as XLA's ``total + a b^T`` would make, so a sum over
+  chunks needs no pass of its own (the output aliases ``total`` where both
+  are float32).
   ``update=(weight, step)`` (``weight`` ``(rows, cols)``, ``step`` a float32
   ``(1,)``) returns ``weight + step * a b^T`` instead, formed in float32 in
   each tile's epilogue and rounded once to ``weight``'s dtype; the output
@@ -425,11 +439,17 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
   exact = a.dtype == _F32 and not config.tf32
   kernel = functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
                              config=config, update=update is not None,
+                             running=total is not None,
                              precision=jax.lax.Precision.HIGHEST if exact else None)
-  operands, aliases = (a, b), {}
+  operands, aliases = [a, b], {}
+  if total is not None:
+    operands.append(total)
   if update is not None:
     weight, step = update
-    operands, out_dtype, aliases = (a, b, step, weight), weight.dtype, {3: 0}
+    operands += [step, weight]
+    out_dtype, aliases = weight.dtype, {len(operands) - 1: 0}
+  elif total is not None and jnp.dtype(out_dtype) == _F32:
+    aliases = {2: 0}
   return _pallas.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((n_rows, n_cols), out_dtype),
@@ -459,6 +479,32 @@ def tile_window(n_rows: int, rows: tuple[int, int] | None, block_rows: int) -> t
   return lo, min(-(-(row0 + count) // block_rows) * block_rows, n_rows)
 
 
+def _sum_over_chunks(contract, weights, seeds, chunk: int):
+  """``contract``'s running sum over the chunks of ``(weights, seeds)``, in order.
+
+  ``contract(w_c, seed_c, total, last)`` returns ``total + a_c b_c^T`` (``total``
+  None for the first chunk; ``last`` for the final one, whose contraction may
+  round or apply a step as it stores). The population is padded with zero
+  weights to whole chunks (exact zeros in the sums). The first and last chunks
+  are outside the loop over the others, so nothing initialises the sum and
+  what follows the last contraction can be done in its epilogue.
+  """
+  n = weights.shape[0]
+  n_chunks = -(-n // chunk)
+  pad = n_chunks * chunk - n
+  weights = jnp.pad(weights, (0, pad)).reshape(n_chunks, chunk)
+  seeds = jnp.pad(seeds, (0, pad)).reshape(n_chunks, chunk)
+  if n_chunks == 1:
+    return contract(weights[0], seeds[0], None, True)
+  total = contract(weights[0], seeds[0], None, False)
+
+  def add_chunk(total, chunk_args):
+    return contract(*chunk_args, total, False), None
+
+  total, _ = jax.lax.scan(add_chunk, total, (weights[1:-1], seeds[1:-1]))
+  return contract(weights[-1], seeds[-1], total, True)
+
+
 def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, antithetic, rank,
                       config=None, interpret=False, rows=None, update=None,
                       out_dtype=_F32):
@@ -479,11 +525,14 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
 
   ``update=(weight, step)`` (``step`` a float32 scalar) returns ``weight +
   step * gradient`` in ``weight``'s dtype, formed in float32 and rounded
-  once. Where one contraction covers the population and the tiles contract
-  (not ``xla_gemm``), the tiles add it in their epilogue (:func:`tile_products`):
-  the gradient is never stored, and the weight is read and written once.
-  Otherwise the float32 estimate is rounded once to ``out_dtype``; where one
-  contraction of the tiles covers the population they round as they store.
+  once; otherwise the float32 estimate is rounded once to ``out_dtype``.
+  Where the tiles contract (not ``xla_gemm``) the last chunk's tiles do either
+  in their epilogue, and each later chunk's tiles add to the earlier chunks'
+  float32 sum in theirs (:func:`_sum_over_chunks`): with one chunk the
+  gradient is never stored (the weight is read and written once), with more
+  only the running float32 sum is, and no XLA pass sums, converts or adds it.
+  XLA's GEMMs (``xla_gemm``) take the running sum in their epilogue too, and
+  what follows the last one.
   """
   if update is not None and rows is not None:
     raise ValueError("update and rows cannot be combined: update a shard with its own rows")
@@ -513,12 +562,6 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
   a_hi, a_lo = noise_lib.block_index(offset, (rank, width), cols=iota(lo, hi - lo))
   b_hi, b_lo = noise_lib.block_index(offset, (rank, width), cols=iota(out_features, in_features))
 
-  def contract(a, b, out_dtype=_F32):
-    if config.xla_gemm:
-      return jax.lax.dot_general(a, b, _DIMS_NT, preferred_element_type=_F32,
-                                 precision=None if config.tf32 else jax.lax.Precision.HIGHEST)
-    return tile_products(a, b, config=config, interpret=interpret, out_dtype=out_dtype)
-
   def operands(w_c, seed_c):
     # K-major operands, (rows, chunk * r) and (in, chunk * r): seeds and components last.
     seed_c = seed_c[None, :, None]
@@ -527,26 +570,25 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
     a = (q_a * w_c[None, :, None]).astype(operand_dtype).reshape(hi - lo, -1)
     return a, q_b.astype(operand_dtype).reshape(in_features, -1)
 
-  def partial(w_c, seed_c, out_dtype=_F32):
-    a, b = operands(w_c, seed_c)
-    if config.xla_gemm:
-      # No fixed order to protect: XLA may fold what follows into the GEMM's epilogue (the
-      # cast to the parameters' dtype; an SGD step where nothing else reads the gradient).
-      return contract(a, b)
-    # Materialised operands and result: XLA fuses nothing into or out of the contraction.
-    return jax.lax.optimization_barrier(
-        contract(*jax.lax.optimization_barrier((a, b)), out_dtype=out_dtype))
+  def gemm(w_c, seed_c, total, last):
+    # No fixed order to protect: XLA may fold what follows into the last GEMM's epilogue
+    # (the cast to the parameters' dtype; an SGD step where nothing else reads the gradient).
+    del last
+    product = jax.lax.dot_general(*operands(w_c, seed_c), _DIMS_NT, preferred_element_type=_F32,
+                                  precision=None if config.tf32 else jax.lax.Precision.HIGHEST)
+    return product if total is None else total + product
 
-  if chunk >= n:
-    padded = jnp.pad(weights, (0, chunk - n)), jnp.pad(pair_seeds, (0, chunk - n))
-    if update is not None and not config.xla_gemm:
-      weight, step = update
-      return tile_products(*jax.lax.optimization_barrier(operands(*padded)), config=config,
-                           interpret=interpret, update=(weight, jnp.reshape(step, (1,))))
-    total = partial(*padded, out_dtype=out_dtype)
-  else:
-    total = reference._sum_chunks(  # pylint: disable=protected-access
-        partial, chunk, n, jnp.zeros((hi - lo, in_features), _F32), weights, pair_seeds)
+  tile_update = None if update is None else (update[0], jnp.reshape(update[1], (1,)))
+
+  def tiles(w_c, seed_c, total, last):
+    # Materialised operands: XLA fuses nothing into the contraction.
+    a, b = jax.lax.optimization_barrier(operands(w_c, seed_c))
+    ending = dict(out_dtype=out_dtype, update=tile_update) if last else {}
+    return tile_products(a, b, config=config, interpret=interpret, total=total, **ending)
+
+  total = _sum_over_chunks(gemm if config.xla_gemm else tiles, weights, pair_seeds, chunk)
+  if update is not None and not config.xla_gemm:
+    return total
   if update is not None:
     weight, step = update
     return (weight.astype(_F32) + step * total).astype(weight.dtype)
