@@ -250,14 +250,17 @@ def test_gradient_out_dtype_is_the_float32_estimate_rounded_once(rng, config_nam
   np.testing.assert_array_equal(narrow, wide.astype(out_dtype))
 
 
-@pytest.mark.parametrize("pairs,n_chunks", [(140, 3), (100, 2)])
-def test_chunked_tiles_are_the_chunks_single_contractions_summed_in_order(rng, pairs, n_chunks):
+@pytest.mark.parametrize("pairs,n_chunks,block_k", [(140, 3, 16), (100, 2, 16), (140, 3, 256)])
+def test_chunked_tiles_are_the_chunks_single_contractions_summed_in_order(rng, pairs, n_chunks,
+                                                                          block_k):
   """The tiles add each chunk to the running float32 sum in their epilogue: bit for bit the
   chunks' own gradients (sub-populations, one contraction each) added in order in XLA."""
   pop, shape, sigma, offset = 2 * pairs, (37, 21), 0.3, (1 << 32) - 60
   seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
   common = dict(kind="rademacher", antithetic=True, rank=3, implementation="interpret")
-  tiles = dict(operand_dtype="bfloat16", block_rows=16, block_cols=32, block_k=16, num_stages=2)
+  # block_k=256: each contraction (64 pairs x rank 3) is one k-step, XLA adds the sum.
+  tiles = dict(operand_dtype="bfloat16", block_rows=16, block_cols=32, block_k=block_k,
+               num_stages=2)
   # 64 pairs a contraction (the kernel's alignment), the last chunk partial.
   chunked = jaxnoise.virtual_weight_gradient(
       fitness, seeds, shape, sigma, pop, offset,
@@ -496,15 +499,17 @@ def test_gradient_out_dtype_compiled_on_gpu(rng, kind):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", KINDS)
-def test_chunked_tiles_compiled_on_gpu(rng, kind):
+@pytest.mark.parametrize("block_k", [32, 128])
+def test_chunked_tiles_compiled_on_gpu(rng, kind, block_k):
   """Compiled, three chunks summed in the tiles' epilogues equal the chunks' own gradients
   added in XLA, bit for bit; rounded to bf16 and as an SGD step too."""
   pairs, shape, sigma, offset = 150, (300, 517), 0.05, (1 << 32) + 5
   pop = 2 * pairs
   seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
   common = dict(kind=kind, antithetic=True, rank=2, implementation="pallas")
-  chunked = config_lib.LowRankGradientConfig(chunk=64)
-  whole = config_lib.LowRankGradientConfig()
+  # block_k=128: 64 pairs x rank 2 is one k-step per contraction (XLA adds the sum).
+  chunked = config_lib.LowRankGradientConfig(chunk=64, block_k=block_k)
+  whole = config_lib.LowRankGradientConfig(block_k=block_k)
   gradient = jax.jit(lambda f, s, config, out_dtype=jnp.float32: jaxnoise.virtual_weight_gradient(
       f, s, shape, sigma, pop, offset, config=config, out_dtype=out_dtype, **common),
                      static_argnums=(2, 3))

@@ -430,7 +430,8 @@ class LowRankGradientConfig:
   (``a = f * A`` and ``b = B``, K-major: ``(out, chunk * r)`` and
   ``(in, chunk * r)``, the layout TF32 wgmma reads without a transpose) and
   contracted over ``chunk * r``; the chunks are summed in order in float32
-  (the tiles add each chunk to the running sum in their epilogue).
+  (the tile kernel, not ``xla_gemm``, adds each chunk to the running sum in its
+  epilogue).
   ``chunk`` is rounded to a multiple of 64 (zero-weight padding, which adds
   exact zeros) so the operands' rows stay aligned.
 

@@ -427,7 +427,8 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
   contractions): each tile adds its products to it first, one float32
   addition per element as XLA's ``total + a b^T`` would make, so a sum over
   chunks needs no pass of its own (the output aliases ``total`` where both
-  are float32).
+  are float32); with ``update`` the tile is ``weight + step * (total + a
+  b^T)``. A contraction of one ``block_k`` step leaves the addition to XLA.
   ``update=(weight, step)`` (``weight`` ``(rows, cols)``, ``step`` a float32
   ``(1,)``) returns ``weight + step * a b^T`` instead, formed in float32 in
   each tile's epilogue and rounded once to ``weight``'s dtype; the output
@@ -436,6 +437,14 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
   """
   n_rows, n_k = a.shape
   n_cols = b.shape[0]
+  if total is not None and n_k <= config.block_k:
+    # One k-step: Triton may inline the loop and fold ``total + dot`` into the dot's
+    # accumulator (another rounding), so XLA adds the running sum here (the same bits).
+    summed = total + tile_products(a, b, config=config, interpret=interpret)
+    if update is not None:
+      weight, step = update
+      return (weight.astype(_F32) + step[0] * summed).astype(weight.dtype)
+    return summed.astype(out_dtype)
   exact = a.dtype == _F32 and not config.tf32
   kernel = functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
                              config=config, update=update is not None,
@@ -531,8 +540,8 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
   float32 sum in theirs (:func:`_sum_over_chunks`): with one chunk the
   gradient is never stored (the weight is read and written once), with more
   only the running float32 sum is, and no XLA pass sums, converts or adds it.
-  XLA's GEMMs (``xla_gemm``) take the running sum in their epilogue too, and
-  what follows the last one.
+  XLA's GEMMs (``xla_gemm``) are chunked the same way, so XLA may fuse the
+  running sum, and what follows the last one, into them.
   """
   if update is not None and rows is not None:
     raise ValueError("update and rows cannot be combined: update a shard with its own rows")
