@@ -19,6 +19,7 @@ import jaxnoise
 from jaxnoise import batching
 from jaxnoise import noise as noise_lib
 from jaxnoise.ops.virtual_noise import config as config_lib
+from jaxpr_walk import equations
 
 KINDS = sorted(noise_lib.KINDS)
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -288,17 +289,6 @@ def test_chunked_tiles_are_the_chunks_single_contractions_summed_in_order(rng, p
       new, (weight.astype(jnp.float32) + 0.5 * expected).astype(jnp.bfloat16))
 
 
-def _equations(jaxpr):
-  """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters."""
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else (param,):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from _equations(inner)
-
-
 def test_gradient_out_dtype_kernel_rounds_as_it_stores(rng):
   seeds, fitness = _seeds(rng, 12, True), _normal(rng, (12,))
 
@@ -307,13 +297,13 @@ def test_gradient_out_dtype_kernel_rounds_as_it_stores(rng):
                                             antithetic=True, implementation="interpret",
                                             out_dtype=jnp.bfloat16)
 
-  equations = list(_equations(jax.make_jaxpr(gradient)(fitness).jaxpr))
-  (kernel,) = [e for e in equations
+  found = equations(jax.make_jaxpr(gradient)(fitness).jaxpr)
+  (kernel,) = [e for e in found
                if e.primitive.name == "pallas_call" and "virtual_low_rank_gradient" in str(e)]
   assert kernel.outvars[0].aval.dtype == jnp.bfloat16  # stored as bfloat16: no float32 pass
   # Nothing converts a float32 gradient-shaped array (the kernel's output passes a barrier
   # on its way out, so no conversion reads it directly either way).
-  converts = [e for e in equations if e.primitive.name == "convert_element_type"
+  converts = [e for e in found if e.primitive.name == "convert_element_type"
               and e.invars[0].aval.dtype == jnp.float32 and e.invars[0].aval.shape[-1:] == (14,)]
   assert not converts, converts
 
@@ -327,8 +317,8 @@ def test_fitness_gradient_asks_the_kernel_for_the_leaf_dtype(rng):
     return jaxnoise.nn.fitness_gradient(model, fitness, seeds, 0.1, rank=2, antithetic=True,
                                         implementation="interpret")
 
-  equations = list(_equations(jax.make_jaxpr(gradient)(fitness).jaxpr))
-  kernels = [e for e in equations
+  found = equations(jax.make_jaxpr(gradient)(fitness).jaxpr)
+  kernels = [e for e in found
              if e.primitive.name == "pallas_call" and "virtual_low_rank_gradient" in str(e)]
   assert [k.outvars[0].aval.dtype for k in kernels] == [jnp.bfloat16]
   grad = gradient(fitness)

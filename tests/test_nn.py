@@ -3,7 +3,7 @@
 import functools
 
 import jax
-import jax.extend.core as jex
+from jaxpr_walk import equations
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,20 +21,6 @@ SIGMA = 0.1
 
 def assert_close(actual, expected, tol=1e-5):
   np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=tol, atol=tol)
-
-
-def equations(jaxpr, predicate):
-  found = []
-  for eqn in jaxpr.eqns:
-    if predicate(eqn):
-      found.append(eqn)
-    for value in eqn.params.values():
-      for item in value if isinstance(value, (list, tuple)) else (value,):
-        if isinstance(item, jex.ClosedJaxpr):
-          found.extend(equations(item.jaxpr, predicate))
-        elif isinstance(item, jex.Jaxpr):
-          found.extend(equations(item, predicate))
-  return found
 
 
 def linear_op_inputs(fn, *args):

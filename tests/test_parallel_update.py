@@ -300,6 +300,7 @@ def test_sharded_gradient_rows_are_stored_in_the_leaf_dtype(rng):
   from flax import nnx  # pylint: disable=g-import-not-at-top
   import jaxnoise  # pylint: disable=g-import-not-at-top
   from jaxnoise import parallel  # pylint: disable=g-import-not-at-top
+  from jaxpr_walk import equations  # pylint: disable=g-import-not-at-top
 
   model = nnx.Linear(14, 16, use_bias=False, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
   params = nnx.state(model, nnx.Param)
@@ -311,15 +312,6 @@ def test_sharded_gradient_rows_are_stored_in_the_leaf_dtype(rng):
 
   def sharded(fitness):
     return parallel.sharded_gradient(es, fitness, seeds, params, mesh=mesh)
-
-  def equations(jaxpr):
-    for eqn in jaxpr.eqns:
-      yield eqn
-      for param in eqn.params.values():
-        for sub in param if isinstance(param, (tuple, list)) else (param,):
-          inner = getattr(sub, "jaxpr", sub)
-          if hasattr(inner, "eqns"):
-            yield from equations(inner)
 
   kernels = [e for e in equations(jax.make_jaxpr(sharded)(fitness).jaxpr)
              if e.primitive.name == "pallas_call" and "virtual_low_rank_gradient" in str(e)]
