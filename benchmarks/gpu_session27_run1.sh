@@ -1,11 +1,12 @@
 #!/bin/bash
-# Session 27 run 1 (one H100 or H200), from a copy of this tree (.s27b) with the tree at the
-# session's start (.s26, commit 2f30dc0), the tree before session 26's changes (.s26old,
-# 29cf4d9, with this probe_es_step.py as probe_es_step_s26.py) and EGGROLL's noiser files
-# (.peers) beside it.
-# 1. Compiled tests of the fused forward (the per-pair vectors loaded before the GEMM; with
-#    LowRankLinearConfig.mainloop_noise, each component's noise hashed during one step of the
-#    GEMM's main loop).
+# Session 27 run 1 (one H100 or H200; not run in session 27, which got no machine). Set up here:
+#   mkdir .s27b && cp -r jaxnoise benchmarks tests pyproject.toml .s27b/ && rm -rf .s27b/benchmarks/results
+#   mkdir .s26 && git archive 2f30dc0 jaxnoise benchmarks | tar -x -C .s26 && rm -rf .s26/benchmarks/results
+#   (2f30dc0: session 27's start), and EGGROLL's noiser files as .peers/hyperscalees_noiser/,
+# then carry .s27b, .s26, .peers and run `cd .s27b && OUT=$OUT bash benchmarks/gpu_session27_run1.sh`.
+# 1. Compiled tests of the fused forward, also with LowRankLinearConfig.mainloop_noise (each
+#    component's noise hashed during one step of the GEMM's main loop, the per-pair vectors
+#    loaded before it).
 # 2. EGGROLL's benchmark (bf16, f32; ranks 1, 4): this tree (the default epilogue schedule, and
 #    the "mainloop noise" and "aligned noise" schedules as rows of their own) and EGGROLL,
 #    then .s26's tree.

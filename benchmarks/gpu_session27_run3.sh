@@ -1,6 +1,10 @@
 #!/bin/bash
-# Session 27 run 3 (after run 1, same trees): session 26's three changes to the ES step of
-# EGGROLL's layer (bf16, SGD), .s26's tree (2f30dc0) against .s26old's (29cf4d9):
+# Session 27 run 3 (one H100 or H200; session 26's run 1 again, not run in sessions 26 and 27,
+# which got no machine): session 26's three changes to the ES step of EGGROLL's layer (bf16,
+# SGD), .s26's tree (2f30dc0) against .s26old's (29cf4d9). Set up as for run 1, and
+#   mkdir .s26old && git archive 29cf4d9 jaxnoise benchmarks | tar -x -C .s26old
+#   cp benchmarks/probe_es_step.py .s26old/benchmarks/probe_es_step_s26.py
+# then carry .s27b, .s26, .s26old and run `cd .s27b && OUT=$OUT bash benchmarks/gpu_session27_run3.sh`.
 # - rank 1, the check after XLA's GEMM (predicted 544 MiB moved instead of 672);
 # - rank 1, default tiles: the gradient rounded to bf16 as the tiles store it (576 MiB
 #   instead of 1088);
