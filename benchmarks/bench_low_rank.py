@@ -294,17 +294,6 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
           cases.append((f"jaxnoise {dtype_name} {kind} rank={rank} {variant}",
                         functools.partial(_jaxnoise_case, setup, rank, kind, dtype, False,
                                           implementation, config, variant)))
-        if default.fused_gemm:  # the fused GEMM's other noise schedules
-          schedules = {"epilogue noise": dict(mainloop_noise=False),
-                       "mainloop noise": dict(mainloop_noise=True, stagger_noise=True),
-                       "aligned noise": dict(mainloop_noise=True, stagger_noise=False)}
-          for variant, fields in schedules.items():
-            if all(getattr(default, k) == v for k, v in fields.items()):
-              continue  # the default's row above
-            config = dataclasses.replace(default, **fields)
-            cases.append((f"jaxnoise {dtype_name} {kind} rank={rank} {variant}",
-                          functools.partial(_jaxnoise_case, setup, rank, kind, dtype, False,
-                                            implementation, config, variant)))
 
     for rank in (1, 4):
       for variant in _config_variants(features, rank):

@@ -288,3 +288,22 @@ ENTRY %main (a: f32[4096,512]) -> f32[4096,512] {
 """
   mib = 1 << 20
   assert module.layer_traffic(text) == [("while.1/add.1 x3", 3 * (8 * mib + 8 * mib))]
+
+
+def test_offline_mosaic_ptxas_lowers_its_cases_and_reads_a_report():
+  """offline_mosaic_ptxas.py lowers the fused GEMM for CUDA here, and reads ptxas's report."""
+  module = _benchmark_module("offline_mosaic_ptxas")
+  assert "mosaic_gpu" in module.lower_case("f32:4", {"gemm_stages": 3}, (1 << 40) + 3).as_text()
+  assert module.parse_field("gemm_stages=3") == ("gemm_stages", 3)
+  assert module.parse_field("fused_gemm=False") == ("fused_gemm", False)
+  report = "\n".join([
+      "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
+      "serialized due to non wgmma instructions defining accumulator registers",
+      "ptxas warning : Registers are spilled to local memory in function 'k', 2448 bytes spill "
+      "stores, 2448 bytes spill loads",
+      "ptxas info    : Used 168 registers, used 16 barriers, 1832 bytes cumulative stack size",
+      "ptxas info    : Compile time = 1066.958 ms",
+      "compile seconds 9.53"])
+  assert module.summary(report) == {"registers": 168, "spill_bytes": 2448, "ptxas_s": 1.07,
+                                    "compile_s": 9.53, "notes": ["C7515"]}
+  assert module.summary("ptxas info    : Used 96 registers")["spill_bytes"] == 0

@@ -689,8 +689,7 @@ def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtyp
   """The Pallas-to-Mosaic GPU translation of the kernel (and its shared-memory check) on a CPU."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   pop, out_f, in_f, pairs = 256, 512, 320, 128
-  # Odd ranks hash every component in the epilogue, even ones during the main loop.
-  config = config_lib.LowRankLinearConfig(mainloop_noise=rank % 2 == 0)
+  config = config_lib.LowRankLinearConfig()
 
   def forward(x, weight, bias, keys, coef, bias_coef):
     return fused.fused_forward(x, weight, bias if with_bias else None, (1 << 40) + 3,
@@ -754,33 +753,6 @@ def test_fused_forward_compiled_on_hopper(rng, kind, dtype):
   expected = _dense_linear(x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind, True, 2)
   np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
                              atol=1e-2 * float(jnp.abs(expected).max()))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("in_f,rank,mainloop_noise", [(64, 3, True), (512, 4, True),
-                                                      (192, 2, False)])
-def test_fused_forward_noise_schedule_on_hopper(rng, in_f, rank, mainloop_noise):
-  """Components hashed during the main loop's steps, in the epilogue, or split between them.
-
-  One 64-feature step and rank 3: the first component in the main loop, the rest after it;
-  eight steps and rank 4: a component every two steps, the second warpgroup's one step later.
-  """
-  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
-  if not _mosaic.is_hopper():
-    pytest.skip("needs a Hopper GPU")
-  pop, out_f = 256, 256
-  x = _normal(rng, (pop, 1, in_f), jnp.bfloat16)
-  weight = _normal(rng, (out_f, in_f), jnp.bfloat16) * 0.1
-  bias = _normal(rng, (out_f,))
-  seeds = _seeds(rng, pop, antithetic=True)
-  config = config_lib.LowRankLinearConfig(fused_gemm=True, mainloop_noise=mainloop_noise)
-  forward = jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
-      x, weight, bias, seeds, 0.5, (1 << 33) + 7, kind="binomial", antithetic=True, rank=rank,
-      out_dtype=jnp.float32, implementation="pallas", config=config))
-  assert "mosaic_gpu" in forward.lower(x).as_text()
-  y = forward(x)
-  expected = _dense_linear(x, weight, bias, seeds, 0.5, (1 << 33) + 7, "binomial", True, rank)
-  np.testing.assert_allclose(y, expected, rtol=2e-2, atol=1e-2 * float(jnp.abs(expected).max()))
 
 
 @pytest.mark.gpu

@@ -340,17 +340,6 @@ class LowRankLinearConfig:
       the programs of every pair tile in turn, ``x`` kept in L2) was the
       fastest of 1-16 on an H200 (session 14: 2-2.5 µs ahead of 4 in bf16 at
       ranks 1 and 4, 3.4 µs in float32).
-    mainloop_noise: the fused GEMM hashes each rank component's noise
-      while one step's ``wgmma`` runs (components spread evenly over the
-      contraction's steps) and adds it to the accumulators there, instead
-      of hashing every component after the contraction (the epilogue, where
-      the tensor cores wait for it). The bias noise stays in the epilogue.
-      Off by default: compiled for Hopper only through the CPU lowering so
-      far, not yet run or timed on a GPU (``benchmarks/RESULTS.md``,
-      session 27).
-    stagger_noise: with ``mainloop_noise``, the second compute warpgroup
-      hashes half a spacing of steps after the first, so that one's
-      ``wgmma`` runs while the other hashes.
   """
 
   block_batch: int = 1
@@ -365,8 +354,6 @@ class LowRankLinearConfig:
   gemm_tile_k: int = 64
   gemm_stages: int = 4
   gemm_grid_width: int = 1
-  mainloop_noise: bool = False
-  stagger_noise: bool = True
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")

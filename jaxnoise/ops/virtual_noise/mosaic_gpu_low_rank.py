@@ -23,14 +23,6 @@ signs; the output is written as ``(pop / 2, 2 * out)``, the same bytes as
 ``(pop, out)``. ``x_i B_i`` (and the per-pair stream keys) come first from a
 Triton kernel (:func:`pallas_triton_low_rank.fused_gemm_operands`).
 
-The tensor cores wait while the epilogue hashes ``A_i`` (rank 4 took ~9 µs
-more than rank 1 on an H100, session 25). With
-``LowRankLinearConfig.mainloop_noise`` each rank component is hashed instead
-during one step of the main loop, while that step's ``wgmma`` runs, and added
-to the accumulators before the rest of the contraction; staggered
-(``stagger_noise``), the two compute warpgroups take their turns at
-different steps. Not yet run on a GPU, so off by default.
-
 Same noise as every other path, bit for bit: :func:`tile_noise` is the
 library's hash (:func:`jaxnoise.noise.hash_word` and the kind's integer
 ``q``) and a CPU test compares :func:`fused_forward_xla`, the same
@@ -306,52 +298,31 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
       col0 = n_index * cta_n + wg * tile_n
       pairs_at = pl.ds(pair0, TILE_PAIRS)
       shape = (TILE_PAIRS, tile_n)
-      # The per-pair vectors that `context` loads before the main loop, for `multiply`
-      # (traced inside the `run_pipeline` call that follows the load).
-      hoisted = []
-      # The rank components whose noise the main loop adds, and the step of each.
-      n_steps = depth // tile_k
-      spacing = max(1, n_steps // max(1, len(a_starts)))
-      early_components = {c: c * spacing for c in range(len(a_starts))
-                           if config.mainloop_noise and c * spacing < n_steps}
 
-      def pair_operands():
-        # The per-pair vectors, two registers a thread each (broadcast where they are used).
-        rows = lambda ref: _mosaic.load_rows(ref.at[pairs_at])
-        bias_coefs = None
-        if bias_start is not None:
-          bias_coefs = [rows(bias_coef_gmem.at[s]) for s in range(2)]
-        coefs = [[rows(coef_gmem.at[c, s]) for s in range(2)] for c in range(len(a_starts))]
-        keys = [rows(keys_gmem.at[s]) for s in range(2)]
-        return keys, coefs, bias_coefs
+      def per_pair(ref):
+        return lax.broadcast_in_dim(_mosaic.load_rows(ref), shape, [0])
 
-      def epilogue(accs, operands):
-        keys, coefs, bias_coefs = operands
-        per_pair = lambda rows: lax.broadcast_in_dim(rows, shape, [0])
-        bias = None
+      def epilogue(accs):
+        cols = lax.bitcast_convert_type(
+            plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + col0, _U32)
+        bias = bias_coefs = None
         if bias_start is not None:
           bias = lax.broadcast_in_dim(
               _mosaic.load_columns(bias_gmem.at[pl.ds(col0, tile_n)]), shape, [1])
-          bias_coefs = [per_pair(v) for v in bias_coefs]
-        cols = lax.bitcast_convert_type(
-            plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + col0, _U32)
-        late = [c for c in range(len(a_starts)) if c not in early_components]
-        return add_pair_noise(accs, cols, per_pair(keys[0]), per_pair(keys[1]),
-                              [[per_pair(v) for v in coefs[c]] for c in late], bias, bias_coefs,
-                              kind=kind, index_hi=index_hi,
-                              a_starts=tuple(a_starts[c] for c in late), bias_start=bias_start)
+          bias_coefs = [per_pair(bias_coef_gmem.at[s, pairs_at]) for s in range(2)]
+        coefs = [[per_pair(coef_gmem.at[c, s, pairs_at]) for s in range(2)]
+                 for c in range(len(a_starts))]
+        return add_pair_noise(accs, cols, per_pair(keys_gmem.at[0, pairs_at]),
+                              per_pair(keys_gmem.at[1, pairs_at]), coefs, bias, bias_coefs,
+                              kind=kind, index_hi=index_hi, a_starts=a_starts,
+                              bias_start=bias_start)
 
       def context(run_pipeline):
-        # With noise in the main loop the per-pair vectors are loaded before it (their latency
-        # hides behind the GEMM); otherwise in the epilogue.
-        operands = pair_operands() if early_components else None
-        hoisted.append(operands)
-
         @functools.partial(pl.run_scoped, plus_ref=plgpu.ACC(shape, _F32),
                            minus_ref=plgpu.ACC(shape, _F32))
         def _accumulate(plus_ref, minus_ref):
           run_pipeline((plus_ref, minus_ref))
-          outs = epilogue((plus_ref[...], minus_ref[...]), operands or pair_operands())
+          outs = epilogue((plus_ref[...], minus_ref[...]))
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
           for i, (sign, c) in enumerate((s, c) for c in range(tile_n // store_cols)
                                         for s in range(2)):
@@ -364,29 +335,10 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                 out_smem.at[wg, slot],
                 out_gmem.at[pairs_at, pl.ds(sign * n_out + col0 + c * store_cols, store_cols)])
 
-      def multiply(indices, plus_smem, minus_smem, w_smem, accs):
+      def multiply(_, plus_smem, minus_smem, w_smem, accs):
         w_tile = w_smem.at[pl.ds(wg * tile_n, tile_n)].transpose((1, 0))
         plgpu.wgmma(accs[0], plus_smem, w_tile)
         plgpu.wgmma(accs[1], minus_smem, w_tile)
-        for c, step in early_components.items():
-          # Component c's noise is hashed while this step's wgmma runs, then added to the
-          # accumulators (the rest of the contraction adds on top). Staggered, the second
-          # warpgroup takes its turn half a spacing later: while one hashes, the other's
-          # wgmmas keep the tensor cores busy (it may run ahead by the pipeline's depth).
-          if config.stagger_noise and spacing > 1:
-            step = step + wg * (spacing // 2)
-          @pl.when(indices[0] == step)
-          def _noise(c=c):
-            keys, coefs, _ = hoisted[0]
-            per_pair = lambda rows: lax.broadcast_in_dim(rows, shape, [0])
-            cols = lax.bitcast_convert_type(
-                plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + col0,
-                _U32)
-            q = tile_noise(kind, index_hi, a_starts[c], cols, per_pair(keys[0]),
-                           per_pair(keys[1]))
-            plus, minus = accs[0][...], accs[1][...]
-            accs[0][...] = plus + per_pair(coefs[c][0]) * q
-            accs[1][...] = minus + per_pair(coefs[c][1]) * q
         plgpu.wgmma_wait(0)
         return accs
 

@@ -1,0 +1,136 @@
+"""ptxas's report on the fused Mosaic GPU GEMM, without a GPU: registers, spills, wgmma serialisation.
+
+    python benchmarks/offline_mosaic_ptxas.py --plugin PATH/xla_cuda_plugin.so \\
+        bf16:1 bf16:4 f32:1 [--field gemm_stages=3 ...] [--offset 4294967301]
+
+Each case ``DTYPE:RANK`` lowers :func:`mosaic_gpu_low_rank.fused_forward` for
+EGGROLL's layer (1024 members x one row, (8192, 8192), antithetic, no bias;
+``LowRankLinearConfig()`` with the ``--field`` overrides) for CUDA on this
+machine, and compiles it for an H200 with the XLA of a PJRT CUDA plugin
+(:class:`compile_offline.DevicelessCompiler`; ``jax-cuda13-pjrt`` 0.11.2 is the
+GPU machine's). The plugin compiles the Mosaic GPU module itself (LLVM, then
+``ptxas`` from ``PATH``) and prints ptxas's verbose report when
+``MOSAIC_GPU_DUMP_PTXAS`` is set; it then fails to link the host launcher
+(``Symbols not found: mosaic_gpu_launch_kernel``), which needs a device, and
+that error is ignored. Per case one line: registers, spill bytes, ptxas's own
+compile time and the whole compile's (lowering excluded), and the codes of
+ptxas's performance notes, e.g. ``C7515`` ("wgmma.mma_async instructions
+are serialized due to non wgmma instructions defining accumulator registers
+of a wgmma between start and end of the pipeline stage").
+
+Found with it (session 27, ``benchmarks/RESULTS.md``): adding a rank
+component's noise to the accumulators inside the main loop (commit
+``449a9db``'s ``mainloop_noise``, removed) gets C7515 and 212-2448 bytes of
+spills, where the epilogue schedule has neither; session 14's per-step noise
+(2.5-10 µs slower on an H200) most likely met the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DTYPES = {"bf16": "bfloat16", "f32": "float32"}
+
+
+def lower_case(case: str, fields: dict, offset: int = 0):
+  """``jax.stages.Lowered`` (for CUDA) of the fused forward of EGGROLL's layer for ``case``."""
+  sys.path.insert(0, os.path.dirname(HERE))
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from jaxnoise import noise as noise_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import config as config_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+
+  dtype_name, rank = case.split(":")
+  dtype, rank = jnp.dtype(DTYPES[dtype_name]), int(rank)
+  pop, width = 1024, 8192
+  config = dataclasses.replace(config_lib.LowRankLinearConfig(fused_gemm=True), **fields)
+
+  def forward(x, weight, keys, coef, bias_coef):
+    return fused.fused_forward(x, weight, None, offset, (keys, coef, bias_coef),
+                               kind=noise_lib.get_kind("binomial"), rank=rank, out_dtype=dtype,
+                               config=config, num_sms=132)
+
+  avals = [jax.ShapeDtypeStruct(shape, kind) for shape, kind in [
+      ((pop, 1, width), dtype), ((width, width), dtype), ((2, pop // 2), jnp.uint32),
+      ((rank, 2, pop // 2), jnp.float32), ((2, pop // 2), jnp.float32)]]
+  return jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",))
+
+
+def _compile_one(plugin: str, case: str, fields: dict, offset: int) -> None:
+  """In a subprocess: lower one case and compile it deviceless (ptxas prints to stderr)."""
+  sys.path.insert(0, HERE)
+  from jax._src import compiler  # pylint: disable=g-import-not-at-top
+
+  import compile_offline  # pylint: disable=g-import-not-at-top
+
+  lowered = lower_case(case, fields, offset)
+  options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+  start = time.perf_counter()
+  try:
+    compile_offline.DevicelessCompiler(plugin).compile(lowered.as_text().encode(),
+                                                       options.SerializeAsString())
+  except RuntimeError as error:  # the host launcher needs a device; ptxas has run by then
+    if "mosaic_gpu" not in str(error):
+      raise
+  print(f"compile seconds {time.perf_counter() - start:.2f}", flush=True)
+
+
+def parse_field(text: str) -> tuple[str, object]:
+  """``"gemm_stages=3"`` -> ``("gemm_stages", 3)`` (ints, ``True`` / ``False``)."""
+  name, _, value = text.partition("=")
+  if value in ("True", "False"):
+    return name, value == "True"
+  return name, int(value)
+
+
+def summary(report: str) -> dict:
+  """Registers, spill bytes and performance-note codes from ptxas's verbose output."""
+  registers = re.search(r"Used (\d+) registers", report)
+  spills = re.search(r"(\d+) bytes spill stores", report)
+  ptxas_ms = re.search(r"Compile time = ([\d.]+) ms", report)
+  whole = re.search(r"compile seconds ([\d.]+)", report)
+  return {"registers": int(registers.group(1)) if registers else None,
+          "spill_bytes": int(spills.group(1)) if spills else 0,
+          "ptxas_s": round(float(ptxas_ms.group(1)) / 1e3, 2) if ptxas_ms else None,
+          "compile_s": float(whole.group(1)) if whole else None,
+          "notes": sorted(set(re.findall(r"\((C\d+)\) Potential Performance Loss", report)))}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--plugin", required=True, help="xla_cuda_plugin.so of jax-cuda13-pjrt")
+  parser.add_argument("--field", action="append", default=[],
+                      help="LowRankLinearConfig override, e.g. gemm_stages=3")
+  parser.add_argument("--offset", type=int, default=0, help="the layer's first noise index")
+  parser.add_argument("--child", help=argparse.SUPPRESS)
+  parser.add_argument("cases", nargs="*", default=["bf16:1", "bf16:4", "f32:1", "f32:4"])
+  args = parser.parse_args(argv)
+  fields = dict(parse_field(text) for text in args.field)
+  if args.child:
+    _compile_one(args.plugin, args.child, fields, args.offset)
+    return
+  for case in args.cases:
+    command = [sys.executable, os.path.abspath(__file__), "--plugin", args.plugin,
+               "--offset", str(args.offset), "--child", case] + [
+                   f"--field={text}" for text in args.field]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
+                            env={**os.environ, "MOSAIC_GPU_DUMP_PTXAS": "1"})
+    report = "\n".join(line for line in (result.stdout + result.stderr).splitlines()
+                       if line.startswith(("ptxas", "compile seconds")))
+    if not report:
+      print(f"{case}: no ptxas report (exit {result.returncode})\n{result.stderr[-2000:]}")
+      continue
+    print(f"{case} offset={args.offset} {' '.join(args.field)}: {summary(report)}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
