@@ -21,7 +21,7 @@ of a wgmma between start and end of the pipeline stage").
 Found with it (session 27, ``benchmarks/RESULTS.md``): adding a rank
 component's noise to the accumulators inside the main loop (commit
 ``449a9db``'s ``mainloop_noise``, removed) gets C7515 and 212-2448 bytes of
-spills, where the epilogue schedule has neither; session 14's per-step noise
+spills, where the epilogue schedule has no note and 8-16 bytes; session 14's per-step noise
 (2.5-10 µs slower on an H200) most likely met the same.
 """
 
@@ -93,7 +93,8 @@ def parse_field(text: str) -> tuple[str, object]:
 
 
 def summary(report: str) -> dict:
-  """Registers, spill bytes and performance-note codes from ptxas's verbose output."""
+  """Registers, spill bytes, compile seconds (ptxas's, the whole compile's) and
+  performance-note codes from ptxas's verbose output and :func:`_compile_one`'s line."""
   registers = re.search(r"Used (\d+) registers", report)
   spills = re.search(r"(\d+) bytes spill stores", report)
   ptxas_ms = re.search(r"Compile time = ([\d.]+) ms", report)
