@@ -20,10 +20,10 @@ compiled_tests 200 tests/test_low_rank.py tests/test_optim_es.py \
 probe() {
   local tag=$1 dir=$2 script=$3
   shift 3
-  (cd "$dir" && PYTHONPATH=. timeout 80 python3 "benchmarks/$script" --skip-forms --floor "$@" \
+  (cd "$dir" && PYTHONPATH=. timeout 150 python3 "benchmarks/$script" --skip-forms --floor "$@" \
     --out "$OUT/$tag" > "$OUT/$tag.log" 2>&1)
   echo "== $tag"
-  quiet "$OUT/$tag.log" | grep -E "inference|evolution_strategy|^ [0-9]" | head -12
+  quiet "$OUT/$tag.log" | grep -E "inference|evolution_strategy|^ [0-9]" | head -24
 }
 GEMM="bfloat16 evolution_strategy sgd (where|no check)$"
 probe gemm_after . probe_es_step.py --only "$GEMM"
