@@ -35,6 +35,8 @@ def main(cases):
     seeds = jnp.arange(pop, dtype=jnp.uint32) * 7 + 3
     call = jax.jit(functools.partial(jaxnoise.virtual_perturbed_linear, antithetic=True,
                                      rank=rank, out_dtype=dtype))
+    if "mosaic_gpu" not in call.lower(x, weight, None, seeds, 0.01).as_text():
+      raise SystemExit(f"case {case}: the fused Mosaic GPU forward is not taken here")
     print(f"case {case}", flush=True)
     for _ in range(2):
       jax.block_until_ready(call(x, weight, None, seeds, 0.01))
