@@ -1,36 +1,32 @@
 #!/bin/bash
-# Session 27 run 1 (one H100 or H200; session 26's run 1 again, not run in sessions 26 and 27,
-# which got no machine): session 26's three changes to the ES step of EGGROLL's layer (bf16,
-# SGD), this tree (the library as at session 26's end, 2f30dc0) against .s26old's (29cf4d9,
-# before session 26's changes). Set up here:
-#   mkdir .s27 && cp -r jaxnoise benchmarks tests pyproject.toml .s27/ && rm -rf .s27/benchmarks/results
-#   mkdir .s26old && git archive 29cf4d9 jaxnoise benchmarks | tar -x -C .s26old
-#   rm -rf .s26old/benchmarks/results
-#   cp benchmarks/probe_es_step.py .s26old/benchmarks/probe_es_step_s26.py
-# then carry .s27 and .s26old and run `cd .s27 && OUT=$OUT bash benchmarks/gpu_session27_run1.sh`.
-# - rank 1, the check after XLA's GEMM (predicted 544 MiB moved instead of 672);
-# - rank 1, default tiles: the gradient rounded to bf16 as the tiles store it (576 MiB
-#   instead of 1088);
-# - rank 4, default tiles: the chunks' running sum in the tiles' epilogue (1280 MiB instead
-#   of 3328).
+# Session 27 run 1 (one H100 or H200; not run in session 27, which got no machine), from a copy
+# of this tree (`mkdir .s27 && cp -r jaxnoise benchmarks tests pyproject.toml .s27/`, carry it,
+# `cd .s27 && OUT=$OUT bash benchmarks/gpu_session27_run1.sh`). Nsight Compute on the fused
+# low-rank forward of EGGROLL's layer (profile_fused_forward.py, bf16): rank 4's Mosaic GEMM
+# took ~9 us more than rank 1's (session 25, H100: 181.8 against ~172.9 us) although the
+# count's integer work did not matter (popc was no faster). Where do its warps wait in the
+# epilogue? (1) The sections of every kernel at ranks 1 and 4; (2) per-SASS-instruction stall
+# samples of the rank-4 GEMM.
 source "$(dirname "$0")/_gpu_run_preamble.sh"
 OUT=$(realpath "$OUT")
-compiled_tests 200 tests/test_low_rank.py tests/test_optim_es.py \
-  -k "out_dtype or weight_update_compiled or chunked or xla_gemm or finite"
-probe() {
-  local tag=$1 dir=$2 script=$3
-  shift 3
-  (cd "$dir" && PYTHONPATH=. timeout 150 python3 "benchmarks/$script" --skip-forms --floor "$@" \
-    --out "$OUT/$tag" > "$OUT/$tag.log" 2>&1)
-  echo "== $tag"
-  quiet "$OUT/$tag.log" | grep -E "inference|evolution_strategy|^ [0-9]" | head -24
-}
-GEMM="bfloat16 evolution_strategy sgd (where|no check)$"
-probe gemm_after . probe_es_step.py --only "$GEMM"
-probe gemm_before ../.s26old probe_es_step_s26.py --only "$GEMM"
-TILES="bfloat16 evolution_strategy default tiles sgd (where|no check)$"
-probe tiles_after . probe_es_step.py --default-tiles --only "$TILES"
-probe tiles_before ../.s26old probe_es_step_s26.py --default-tiles --only "$TILES"
-TILES4="bfloat16 evolution_strategy default tiles r4 sgd (where|no check)$"
-probe tiles_r4_after . probe_es_step.py --default-tiles --rank 4 --only "$TILES4"
-probe tiles_r4_before ../.s26old probe_es_step_s26.py --default-tiles --rank 4 --only "$TILES4"
+timeout 150 ncu --clock-control none --section SpeedOfLight --section LaunchStats \
+  --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+  --section InstructionStats --section SourceCounters \
+  python3 benchmarks/profile_fused_forward.py bf16:1 bf16:4 > "$OUT/ncu_fused.txt" 2>&1
+echo "ncu exit $?"
+grep -E "^case|\(1, 1\)x\(|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Stall|stall" \
+  "$OUT/ncu_fused.txt" | cut -c1-150 | head -120
+gemm=$(grep -m1 -E "\(132, 1, 1\)x\(384, 1, 1\)" "$OUT/ncu_fused.txt" | awk '{print $1}')
+echo "gemm kernel: $gemm"
+gzip -f "$OUT/ncu_fused.txt"
+if [ -n "$gemm" ]; then
+  for case in bf16:4; do
+    tag=${case//:/_}
+    timeout 100 ncu --clock-control none -k "$gemm" --launch-skip 1 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --page source --csv --print-source sass \
+      python3 benchmarks/profile_fused_forward.py "$case" > "$OUT/sass_$tag.csv" 2>&1
+    echo "sass $case exit $? lines $(wc -l < "$OUT/sass_$tag.csv")"
+    head -3 "$OUT/sass_$tag.csv" | cut -c1-300
+    gzip -f "$OUT/sass_$tag.csv"
+  done
+fi
