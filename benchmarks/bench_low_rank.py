@@ -294,6 +294,16 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
           cases.append((f"jaxnoise {dtype_name} {kind} rank={rank} {variant}",
                         functools.partial(_jaxnoise_case, setup, rank, kind, dtype, False,
                                           implementation, config, variant)))
+        if default.fused_gemm:  # the fused GEMM with components hashed in its main loop
+          others = [(f"ahead={a}", dict(gemm_noise_ahead=a)) for a in sorted({1, rank})]
+          others.append(("stages=3", dict(gemm_stages=3, gemm_noise_ahead=0)))
+          for variant, fields in others:
+            if all(getattr(default, k) == v for k, v in fields.items()):
+              continue  # the default's row above
+            config = dataclasses.replace(default, **fields)
+            cases.append((f"jaxnoise {dtype_name} {kind} rank={rank} {variant}",
+                          functools.partial(_jaxnoise_case, setup, rank, kind, dtype, False,
+                                            implementation, config, variant)))
 
     for rank in (1, 4):
       for variant in _config_variants(features, rank):

@@ -12,9 +12,12 @@
 #   mkdir .s26old && git archive 29cf4d9 jaxnoise benchmarks | tar -x -C .s26old
 #   (29cf4d9: before all three changes)
 #   cp benchmarks/probe_es_step.py .s26old/benchmarks/probe_es_step_s26.py
+# PART=a: the tests and the GEMM probes; b: the tiles' probes; g: all probes, no tests
+# (session 28 ran a, b, then g; each part fits one device call).
 source "$(dirname "$0")/_gpu_run_preamble.sh"
 OUT=$(realpath "$OUT")  # the probes below write from other folders
-compiled_tests 240 tests/test_low_rank.py tests/test_optim_es.py \
+PART=${PART:-all}
+[[ $PART == all || $PART == a ]] && compiled_tests 200 tests/test_low_rank.py tests/test_optim_es.py \
   -k "out_dtype or weight_update_compiled or chunked or xla_gemm or finite"
 probe() {  # probe TAG DIR SCRIPT ARGS...: one probe_es_step run, its rows printed
   local tag=$1 dir=$2 script=$3
@@ -26,10 +29,14 @@ probe() {  # probe TAG DIR SCRIPT ARGS...: one probe_es_step run, its rows print
 }
 GEMM="bfloat16 evolution_strategy sgd (where|no check)$"
 TILES="bfloat16 evolution_strategy default tiles sgd (where|no check)$"
+if [[ $PART == all || $PART == a || $PART == g ]]; then
 probe gemm_after . probe_es_step.py --only "$GEMM"
 probe gemm_before ../.s26old probe_es_step_s26.py --only "$GEMM"
+fi
+if [[ $PART == all || $PART == b || $PART == g ]]; then
 probe tiles_after . probe_es_step.py --default-tiles --only "$TILES"
 probe tiles_before ../.s26old probe_es_step_s26.py --default-tiles --only "$TILES"
 TILES4="bfloat16 evolution_strategy default tiles r4 sgd (where|no check)$"
 probe tiles_r4_after . probe_es_step.py --default-tiles --rank 4 --only "$TILES4"
 probe tiles_r4_before ../.s26old probe_es_step_s26.py --default-tiles --rank 4 --only "$TILES4"
+fi

@@ -266,6 +266,59 @@ class NoiseKind:
   def values_per_word(self) -> int:
     return 1 << self.log2_values_per_word
 
+  @property
+  def code_bits(self) -> int:
+    """Bits of :meth:`code`: 8 (binomial, rademacher), 16 (normal) or 32 (uniform)."""
+    return {"binomial": 8, "rademacher": 8, "normal": 16}.get(self.name, 32)
+
+  def code(self, words: jax.Array, lane: jax.Array | None = None, *,
+           population_count=None) -> jax.Array:
+    """The uint32 integer a value is made from, below ``2**code_bits``.
+
+    :meth:`unscaled` is ``from_code(code(words, lane))``; a kernel may store
+    the code (e.g. hashed ahead, in fewer bytes than the float) and finish
+    the value later. binomial: the bit count; rademacher: the lane's bit;
+    normal: the sum of the word's four bytes; uniform: the word.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> kind = get_kind("binomial")
+      >>> words = jnp.array([0, 0xFF, 0xFFFFFFFF], jnp.uint32)
+      >>> kind.code(words).tolist(), kind.from_code(kind.code(words)).tolist()
+      ([0, 8, 32], [-16.0, -8.0, 16.0])
+    """
+    if self.name == "uniform":
+      return words
+    if self.name == "rademacher":
+      return (words >> lane) & _U32(1)
+    if self.name == "normal":
+      # SWAR sum of the four bytes.
+      pairs = (words & _U32(0x00FF00FF)) + ((words >> 8) & _U32(0x00FF00FF))
+      return (pairs & _U32(0xFFFF)) + (pairs >> 16)
+    if self.name == "binomial":
+      if population_count is not None:
+        return population_count(words)
+      # popcount on int32: Pallas lowers it to CUDA's __nv_popc; a uint32 operand
+      # takes a generic fallback that the Triton compiler rejected on an H200.
+      count = jax.lax.population_count(jax.lax.bitcast_convert_type(words, jnp.int32))
+      return jax.lax.bitcast_convert_type(count, _U32)
+    raise ValueError(f"unknown noise kind {self.name!r}")
+
+  def from_code(self, code: jax.Array) -> jax.Array:
+    """Integer-valued float32 ``q`` from a uint32 :meth:`code`."""
+    if self.name == "uniform":
+      signed = jax.lax.bitcast_convert_type(code, jnp.int32)
+      return ((signed >> 7) | 1).astype(jnp.float32)
+    if self.name == "rademacher":
+      return (1 - 2 * code.astype(jnp.int32)).astype(jnp.float32)
+    if self.name == "normal":
+      s = (2 * code.astype(jnp.int32) - 1020).astype(jnp.float32)  # centred: sum(2*b - 255)
+      return s * (s * s + jnp.float32(_NORMAL_CUBIC))
+    if self.name == "binomial":
+      ones = jax.lax.bitcast_convert_type(code, jnp.int32) | jnp.int32(_BINOMIAL_BITS)
+      return jax.lax.bitcast_convert_type(ones, jnp.float32) - jnp.float32(_BINOMIAL_CENTRE)
+    raise ValueError(f"unknown noise kind {self.name!r}")
+
   def unscaled(self, words: jax.Array, lane: jax.Array | None = None, *,
                population_count=None) -> jax.Array:
     """Integer-valued float32 ``q`` from uint32 ``words`` (and ``lane`` for packed kinds).
@@ -274,29 +327,7 @@ class NoiseKind:
     to use instead of ``lax.population_count``, for a backend that has no
     rule for it (Mosaic GPU); it must count the same bits.
     """
-    if self.name == "uniform":
-      signed = jax.lax.bitcast_convert_type(words, jnp.int32)
-      return ((signed >> 7) | 1).astype(jnp.float32)
-    if self.name == "rademacher":
-      bit = ((words >> lane) & _U32(1)).astype(jnp.int32)
-      return (1 - 2 * bit).astype(jnp.float32)
-    if self.name == "normal":
-      # SWAR sum of the four bytes, then centre: s = sum(2*b - 255).
-      pairs = (words & _U32(0x00FF00FF)) + ((words >> 8) & _U32(0x00FF00FF))
-      byte_sum = ((pairs & _U32(0xFFFF)) + (pairs >> 16)).astype(jnp.int32)
-      s = (2 * byte_sum - 1020).astype(jnp.float32)
-      return s * (s * s + jnp.float32(_NORMAL_CUBIC))
-    if self.name == "binomial":
-      # popcount on int32: Pallas lowers it to CUDA's __nv_popc; a uint32 operand
-      # takes a generic fallback that the Triton compiler rejected on an H200.
-      signed = jax.lax.bitcast_convert_type(words, jnp.int32)
-      if population_count is None:
-        count = jax.lax.population_count(signed)
-      else:
-        count = jax.lax.bitcast_convert_type(population_count(words), jnp.int32)
-      ones = count | jnp.int32(_BINOMIAL_BITS)
-      return jax.lax.bitcast_convert_type(ones, jnp.float32) - jnp.float32(_BINOMIAL_CENTRE)
-    raise ValueError(f"unknown noise kind {self.name!r}")
+    return self.from_code(self.code(words, lane, population_count=population_count))
 
 
 def _normal_scale() -> float:

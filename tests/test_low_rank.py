@@ -678,6 +678,56 @@ def test_shared_memory_plan_fits_and_prefers_depth(tile_n, itemsize, out_itemsiz
       assert used(stages, 2 * store_cols) > _mosaic.SHARED_MEMORY_BYTES
 
 
+@pytest.mark.parametrize("n_steps", [1, 2, 3, 7, 16, 128, 129])
+@pytest.mark.parametrize("n_pieces", [1, 4, 5, 16, 32, 33, 64, 200])
+def test_ahead_schedule_hashes_every_piece_once_inside_the_loop(n_steps, n_pieces):
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  per_step, spacing = fused.ahead_schedule(n_steps, n_pieces)
+  hashed = []
+  for step in range(n_steps):  # the kernel's conditions, step by step
+    group = step // spacing
+    if step % spacing == 0 and group * per_step < n_pieces:
+      hashed += [p for p in range(group * per_step, group * per_step + per_step) if p < n_pieces]
+  assert sorted(hashed) == list(range(n_pieces))
+  assert per_step <= -(-n_pieces // n_steps)  # no step takes more than its share
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 16])
+@pytest.mark.parametrize("itemsize,out_itemsize", [(2, 2), (4, 4), (2, 4)])
+def test_noise_ahead_plan_fits_beside_the_codes(kind, rank, itemsize, out_itemsize):
+  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  noise_kind = noise_lib.get_kind(kind)
+  for wanted in (0, 1, 2, 4, 16):
+    config = config_lib.LowRankLinearConfig(gemm_noise_ahead=wanted)
+    stages, store_cols, ahead = fused.noise_ahead_plan(config, noise_kind, rank, itemsize,
+                                                      out_itemsize)
+    assert stages >= 2 and 0 <= ahead <= min(wanted, rank)
+    if ahead == 0:
+      assert (stages, store_cols) == fused.shared_memory_plan(config, itemsize, out_itemsize)
+    codes = ahead * 2 * 64 * config.gemm_tile_n * noise_kind.code_bits // 8
+    per_stage = (128 + 2 * config.gemm_tile_n) * fused.step_depth(config, itemsize) * itemsize
+    used = stages * per_stage + 2 * 2 * 64 * store_cols * out_itemsize + codes
+    assert used <= _mosaic.SHARED_MEMORY_BYTES - 4096
+    assert config.gemm_tile_n % fused.code_piece_cols(noise_kind) == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_noise_codes_fit_their_bits_and_give_the_values(rng, kind):
+  noise_kind = noise_lib.get_kind(kind)
+  words = jnp.asarray(rng.integers(0, 2**32, size=4096, dtype=np.uint64).astype(np.uint32))
+  words = jnp.concatenate([words, jnp.array([0, 0xFFFFFFFF, 0x80000000, 0x7FFFFFFF],
+                                            jnp.uint32)])
+  lane = (jnp.arange(words.size, dtype=jnp.uint32) % 32
+          if noise_kind.log2_values_per_word else None)
+  code = noise_kind.code(words, lane)
+  assert code.dtype == jnp.uint32 and int(code.max()) < 2**noise_kind.code_bits
+  narrow = code.astype({8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[noise_kind.code_bits])
+  np.testing.assert_array_equal(noise_kind.from_code(narrow.astype(jnp.uint32)),
+                                noise_kind.unscaled(words, lane))
+
+
 @pytest.mark.parametrize("kind,with_bias,rank,x_dtype,out_dtype", [
     ("binomial", True, 1, jnp.bfloat16, jnp.bfloat16),
     ("binomial", False, 4, jnp.bfloat16, jnp.float32),
@@ -685,11 +735,12 @@ def test_shared_memory_plan_fits_and_prefers_depth(tile_n, itemsize, out_itemsiz
     ("normal", False, 2, jnp.float16, jnp.float16),
     ("uniform", True, 1, jnp.float32, jnp.float32),
     ("binomial", False, 2, jnp.float32, jnp.bfloat16)])
-def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtype):
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtype, ahead):
   """The Pallas-to-Mosaic GPU translation of the kernel (and its shared-memory check) on a CPU."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   pop, out_f, in_f, pairs = 256, 512, 320, 128
-  config = config_lib.LowRankLinearConfig()
+  config = config_lib.LowRankLinearConfig(gemm_noise_ahead=ahead)
 
   def forward(x, weight, bias, keys, coef, bias_coef):
     return fused.fused_forward(x, weight, bias if with_bias else None, (1 << 40) + 3,
@@ -726,7 +777,8 @@ def test_fused_kernel_lowers_inside_shard_map():
 
 @pytest.mark.parametrize("field,value", [("gemm_tile_n", 96), ("gemm_tile_n", 256),
                                          ("gemm_tile_k", 32),
-                                         ("gemm_stages", 0), ("gemm_grid_width", 1.5)])
+                                         ("gemm_stages", 0), ("gemm_grid_width", 1.5),
+                                         ("gemm_noise_ahead", -1), ("gemm_noise_ahead", True)])
 def test_fused_gemm_config_is_validated(field, value):
   with pytest.raises(ValueError, match=field):
     config_lib.LowRankLinearConfig(**{field: value}).validate()
@@ -751,6 +803,39 @@ def test_fused_forward_compiled_on_hopper(rng, kind, dtype):
   assert "mosaic_gpu" in forward.lower(x).as_text()  # the fused path, not the Triton one
   y = forward(x)
   expected = _dense_linear(x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind, True, 2)
+  np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
+                             atol=1e-2 * float(jnp.abs(expected).max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rank,ahead,in_f,dtype", [
+    (3, 3, 192, jnp.bfloat16),   # 3 steps: several pieces a step
+    (3, 1, 1024, jnp.bfloat16),  # 16 steps: a piece every few steps; two components hashed late
+    (1, 1, 1024, jnp.float32),
+    (4, 4, 640, jnp.float32)])
+def test_fused_forward_noise_ahead_compiled_on_hopper(rng, kind, rank, ahead, in_f, dtype):
+  """Codes hashed in the main loop give the epilogue's sum bit for bit, and the reference's."""
+  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
+  if not _mosaic.is_hopper():
+    pytest.skip("needs a Hopper GPU")
+  pop, out_f, offset = 384, 512, (1 << 40) + 3
+  x = _normal(rng, (pop, 1, in_f), dtype)
+  weight = _normal(rng, (out_f, in_f), dtype) * 0.1
+  bias = _normal(rng, (out_f,))
+  seeds = _seeds(rng, pop, antithetic=True)
+
+  def forward(config):
+    return jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
+        x, weight, bias, seeds, 0.5, offset, kind=kind, antithetic=True, rank=rank,
+        out_dtype=dtype, implementation="pallas", config=config))
+
+  late = forward(config_lib.LowRankLinearConfig(fused_gemm=True))
+  early = forward(config_lib.LowRankLinearConfig(fused_gemm=True, gemm_noise_ahead=ahead))
+  assert "mosaic_gpu" in early.lower(x).as_text()
+  y = early(x)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(late(x), np.float32))
+  expected = _dense_linear(x, weight, bias, seeds, 0.5, offset, kind, True, rank)
   np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
                              atol=1e-2 * float(jnp.abs(expected).max()))
 

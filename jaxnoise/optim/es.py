@@ -61,9 +61,10 @@ the check, a barrier now holds the estimate apart from the optimizer there,
 as it does after the library's own kernels, and the optimizer, the check and
 the addition compile to one fusion: for SGD on one bf16 (8192, 8192) layer
 the update moves 544 MiB instead of 672, and 288 without the check (its
-step in the GEMM's epilogue; ``benchmarks/offline_es_passes.py``, session 26:
-XLA of jax 0.11.2 compiling for an H200 without a device; not timed on a GPU
-yet).
+step in the GEMM's epilogue; ``benchmarks/offline_es_passes.py``, session 26).
+Timed on an H100 (session 28, rank 1, bf16, device time): 0.466-0.468 ms
+with the check against 0.510-0.511 before the barrier, and 0.376 without
+the check.
 The optimizer state's check reads every state leaf once more and the select
 that keeps the old state is a pass of its own (Adam: its moments). Without
 the check, XLA adds SGD's step to the parameters in the GEMM's epilogue (the

@@ -340,6 +340,19 @@ class LowRankLinearConfig:
       the programs of every pair tile in turn, ``x`` kept in L2) was the
       fastest of 1-16 on an H200 (session 14: 2-2.5 µs ahead of 4 in bf16 at
       ranks 1 and 4, 3.4 µs in float32).
+    gemm_noise_ahead: rank components of ``A_i`` whose noise the fused GEMM
+      hashes during its main loop, a few values per step while the tensor
+      cores run, into shared memory as the kind's code
+      (:meth:`jaxnoise.noise.NoiseKind.code`, 1-4 bytes a value); the
+      epilogue then reads those codes instead of hashing, and hashes only the
+      other components. Capped at the rank; the codes' shared memory is
+      taken first, so the pipeline may get fewer stages
+      (:func:`~jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank.noise_ahead_plan`).
+      Off (0) by default: on an H100 (session 28, EGGROLL's layer, bf16,
+      device time) ``gemm_noise_ahead=4`` took the rank-4 GEMM from 181.6 /
+      183.5 µs to 180.5 / 182.3 µs in two runs (3 stages; the rank-1 GEMM
+      takes 172.8 / 176.1), and ``1`` made rank 1 1.2-1.7 µs slower: the
+      hashing costs about as much in the main loop as in the epilogue.
   """
 
   block_batch: int = 1
@@ -354,6 +367,7 @@ class LowRankLinearConfig:
   gemm_tile_k: int = 64
   gemm_stages: int = 4
   gemm_grid_width: int = 1
+  gemm_noise_ahead: int = 0
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")
@@ -366,6 +380,10 @@ class LowRankLinearConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"LowRankLinearConfig.{name} must be a positive int, got {value!r}")
+    ahead = self.gemm_noise_ahead
+    if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
+      raise ValueError(
+          f"LowRankLinearConfig.gemm_noise_ahead must be a non-negative int, got {ahead!r}")
     return self
 
 

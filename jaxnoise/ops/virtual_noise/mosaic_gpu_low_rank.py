@@ -23,6 +23,21 @@ signs; the output is written as ``(pop / 2, 2 * out)``, the same bytes as
 ``(pop, out)``. ``x_i B_i`` (and the per-pair stream keys) come first from a
 Triton kernel (:func:`pallas_triton_low_rank.fused_gemm_operands`).
 
+The tensor cores wait while the epilogue hashes ``A_i`` (rank 4 took ~9 µs
+more than rank 1 on an H100, session 25). Adding noise to the accumulators
+inside the main loop serialises every ``wgmma`` (ptxas's note C7515, session
+27), so with ``LowRankLinearConfig.gemm_noise_ahead`` the main loop instead
+hashes a few values of the leading components per step, after the step's
+``wgmma`` is issued, and stores each value's code
+(:meth:`jaxnoise.noise.NoiseKind.code`, one byte for "binomial") to shared
+memory (:func:`ahead_schedule`); the epilogue turns the codes into values
+and adds them in the same order as before, so the sum is unchanged bit for
+bit (compiled test on an H100, every kind). Measured (session 28, H100,
+bf16): it saves only ~1.1 µs of rank 4's ~8 µs over rank 1, so it is off by
+default; the SASS shows the hashing between the step's ``HGMMA`` issue and
+its wait, without spills, so what the rank-4 GEMM loses is not simply the
+epilogue's hashing time.
+
 Same noise as every other path, bit for bit: :func:`tile_noise` is the
 library's hash (:func:`jaxnoise.noise.hash_word` and the kind's integer
 ``q``) and a CPU test compares :func:`fused_forward_xla`, the same
@@ -117,15 +132,24 @@ def tile_noise(kind: noise_lib.NoiseKind, index_hi: int, start_lo: int, cols: ja
     >>> bool((q == expected).all())
     True
   """
-  index_lo = cols + _U32(start_lo)
+  return kind.from_code(tile_code(kind, index_hi, start_lo, cols, multiplier, increment))
+
+
+def tile_code(kind: noise_lib.NoiseKind, index_hi: int, start_lo, cols: jax.Array,
+              multiplier: jax.Array, increment: jax.Array) -> jax.Array:
+  """:func:`tile_noise`'s values as the kind's uint32 code (:meth:`~jaxnoise.noise.NoiseKind.code`).
+
+  ``start_lo`` may also be a traced uint32 scalar (the main loop's component).
+  """
+  index_lo = cols + (start_lo if isinstance(start_lo, jax.Array) else _U32(start_lo))
   shift = kind.log2_values_per_word
   lane = None
   if shift:
     lane = index_lo & _U32((1 << shift) - 1)
     high_bits = (index_hi << (32 - shift)) & 0xFFFFFFFF
     index_lo = (index_lo >> _U32(shift)) | _U32(high_bits)
-  return kind.unscaled(noise_lib.hash_word(multiplier, increment, index_lo), lane,
-                      population_count=popcount)
+  return kind.code(noise_lib.hash_word(multiplier, increment, index_lo), lane,
+                   population_count=popcount)
 
 
 def word_hi(kind: noise_lib.NoiseKind, offset: int) -> int:
@@ -157,7 +181,7 @@ def step_depth(config: config_lib.LowRankLinearConfig, itemsize: int) -> int:
 
 
 def shared_memory_plan(config: config_lib.LowRankLinearConfig, itemsize: int,
-                       out_itemsize: int) -> tuple[int, int]:
+                       out_itemsize: int, reserved_bytes: int = 0) -> tuple[int, int]:
   """``(stages, store_cols)``: the pipeline depth and the epilogue's store width that fit.
 
   Shared memory holds ``stages`` steps of input tiles and, per compute
@@ -167,7 +191,8 @@ def shared_memory_plan(config: config_lib.LowRankLinearConfig, itemsize: int,
   the widest chunk (128 bytes a row, else 64 or 32) that fits beside it:
   on a Hopper GPU (227 KiB a block) four 128x256 steps of 64 bf16 or 32
   float32 features leave room for 64-byte chunks, not for 128-byte ones.
-  ``(0, 0)`` if not even two steps fit.
+  ``reserved_bytes`` are taken first (the codes hashed ahead,
+  :func:`noise_ahead_plan`). ``(0, 0)`` if not even two steps fit.
 
   Example:
     >>> shared_memory_plan(config_lib.LowRankLinearConfig(), 2, 2)
@@ -181,9 +206,62 @@ def shared_memory_plan(config: config_lib.LowRankLinearConfig, itemsize: int,
     for row_bytes in (128, 64, 32):
       store_cols = min(row_bytes // out_itemsize, config.gemm_tile_n)
       chunks = _COMPUTE_WARPGROUPS * 2 * TILE_PAIRS * store_cols * out_itemsize
-      if stages * per_stage + chunks + _BARRIER_BYTES <= _mosaic.SHARED_MEMORY_BYTES:
+      if (stages * per_stage + chunks + reserved_bytes + _BARRIER_BYTES
+          <= _mosaic.SHARED_MEMORY_BYTES):
         return stages, store_cols
   return 0, 0
+
+
+def code_piece_cols(kind: noise_lib.NoiseKind) -> int:
+  """Columns of one piece of codes hashed ahead: 32-byte rows (Mosaic's narrowest swizzle).
+
+  Example:
+    >>> [code_piece_cols(noise_lib.get_kind(k)) for k in ("binomial", "normal", "uniform")]
+    [32, 16, 8]
+  """
+  return 256 // kind.code_bits
+
+
+def noise_ahead_plan(config: config_lib.LowRankLinearConfig, kind: noise_lib.NoiseKind,
+                     rank: int, itemsize: int, out_itemsize: int) -> tuple[int, int, int]:
+  """``(stages, store_cols, ahead)``: :func:`shared_memory_plan` beside the codes hashed ahead.
+
+  ``ahead`` (at most ``config.gemm_noise_ahead`` and ``rank``) components'
+  codes take ``2 * 64 * gemm_tile_n`` values of ``kind.code_bits`` each in
+  shared memory; fewer are hashed ahead where the pipeline would not keep
+  two stages beside them.
+
+  Example:
+    >>> binomial = noise_lib.get_kind("binomial")
+    >>> noise_ahead_plan(config_lib.LowRankLinearConfig(), binomial, 4, 2, 2)
+    (4, 32, 0)
+    >>> noise_ahead_plan(config_lib.LowRankLinearConfig(gemm_noise_ahead=4), binomial, 4, 2, 2)
+    (3, 16, 4)
+    >>> noise_ahead_plan(config_lib.LowRankLinearConfig(gemm_noise_ahead=4), binomial, 1, 2, 2)
+    (4, 16, 1)
+  """
+  plane_bytes = _COMPUTE_WARPGROUPS * TILE_PAIRS * config.gemm_tile_n * kind.code_bits // 8
+  for ahead in range(min(config.gemm_noise_ahead, rank), 0, -1):
+    stages, store_cols = shared_memory_plan(config, itemsize, out_itemsize, ahead * plane_bytes)
+    if stages >= 2:
+      return stages, store_cols, ahead
+  return (*shared_memory_plan(config, itemsize, out_itemsize), 0)
+
+
+def ahead_schedule(n_steps: int, n_pieces: int) -> tuple[int, int]:
+  """``(per_step, spacing)``: the main loop hashes ``per_step`` pieces at every ``spacing``-th step.
+
+  Group ``g`` (pieces ``g * per_step`` to ``g * per_step + per_step - 1``,
+  those below ``n_pieces``) runs at step ``g * spacing``: spread evenly, and
+  every piece is hashed before the loop ends.
+
+  Example:
+    >>> ahead_schedule(128, 32), ahead_schedule(8, 32), ahead_schedule(3, 32)
+    ((1, 4), (4, 1), (11, 1))
+  """
+  per_step = -(-n_pieces // n_steps)
+  groups = -(-n_pieces // per_step)
+  return per_step, n_steps // groups
 
 
 def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indices: int,
@@ -225,7 +303,7 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
 
 def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *,
                    kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
-                   bias_start: int | None):
+                   bias_start: int | None, leading_q: tuple = ()):
   """The epilogue on a pair's ``(plus, minus)`` accumulators; each noise value hashed once.
 
   ``plus += sum_c coef_c^+ q(A_c) [+ bias + bias_coef^+ q(bias)]``, the same
@@ -234,10 +312,15 @@ def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *
   ``cols`` holds the output index, ``multiplier`` / ``increment`` and each
   ``(plus, minus)`` coefficient are per pair, ``bias`` per column. The
   kernel passes register tiles, :func:`fused_forward_xla` whole arrays.
+  ``leading_q``: the first components' ``q``, made already (hashed ahead);
+  the others are hashed here. Either way the sum is formed in one order.
   """
   plus, minus = accs
-  for (coef_plus, coef_minus), start in zip(coefs, a_starts):
-    q = tile_noise(kind, index_hi, start, cols, multiplier, increment)
+  for c, ((coef_plus, coef_minus), start) in enumerate(zip(coefs, a_starts)):
+    if c < len(leading_q):
+      q = leading_q[c]
+    else:
+      q = tile_noise(kind, index_hi, start, cols, multiplier, increment)
     plus, minus = plus + coef_plus * q, minus + coef_minus * q
   if bias_start is not None:
     q = tile_noise(kind, index_hi, bias_start, cols, multiplier, increment)
@@ -249,7 +332,7 @@ def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *
 def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                     kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
                     bias_start: int | None, config: config_lib.LowRankLinearConfig,
-                    stages: int, store_cols: int):
+                    stages: int, store_cols: int, ahead: int):
   bias_gmem, bias_coef_gmem, out_gmem = refs if bias_start is not None else (None, None) + refs
   n_pairs, depth = x_gmem.shape[0], x_gmem.shape[1] // 2
   n_out = w_gmem.shape[0]
@@ -263,6 +346,14 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   out_transforms = (plgpu.TilingTransform((8, out_swizzle // out_itemsize)),
                     plgpu.SwizzleTransform(out_swizzle))
   m_tiles, n_tiles = n_pairs // TILE_PAIRS, n_out // cta_n
+  n_steps = depth // tile_k
+  a_stride = n_out + depth  # component c's A starts c * (out + in) after component 0's
+  # Codes hashed ahead: (64, piece_cols) pieces of 16-byte rows (32 for uint32).
+  code_dtype = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[kind.code_bits]
+  piece_cols = code_piece_cols(kind)
+  code_swizzle = piece_cols * kind.code_bits // 8
+  blocks = tile_n // piece_cols
+  per_step, spacing = ahead_schedule(n_steps, ahead * blocks) if ahead else (0, 1)
   x_spec = plgpu.BlockSpec((TILE_PAIRS, tile_k), lambda k: (0, k), transforms=transforms,
                            memory_space=plgpu.SMEM)
 
@@ -285,8 +376,12 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
       allocations=pipeline(ignore, ignore).get_allocations(x_plus, x_minus, w_gmem),
       out_smem=plgpu.SMEM((_COMPUTE_WARPGROUPS, 2, TILE_PAIRS, store_cols), out_gmem.dtype,
                           transforms=out_transforms),
+      codes_smem=plgpu.SMEM(
+          (_COMPUTE_WARPGROUPS, max(ahead, 1), TILE_PAIRS, tile_n if ahead else piece_cols),
+          code_dtype, transforms=(plgpu.TilingTransform((8, piece_cols)),
+                                  plgpu.SwizzleTransform(code_swizzle))),
       collective_axes="wg")
-  def _scope(allocations, out_smem):
+  def _scope(allocations, out_smem, codes_smem):
     wg = lax.axis_index("wg")
 
     @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
@@ -299,46 +394,115 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
       pairs_at = pl.ds(pair0, TILE_PAIRS)
       shape = (TILE_PAIRS, tile_n)
 
-      def per_pair(ref):
-        return lax.broadcast_in_dim(_mosaic.load_rows(ref), shape, [0])
+      def per_pair(ref, cols=tile_n):
+        return lax.broadcast_in_dim(_mosaic.load_rows(ref), (TILE_PAIRS, cols), [0])
 
-      def epilogue(accs):
-        cols = lax.bitcast_convert_type(
-            plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + col0, _U32)
-        bias = bias_coefs = None
+      def col_iota(cols):
+        return lax.bitcast_convert_type(plgpu.broadcasted_iota(
+            jnp.int32, (TILE_PAIRS, cols), 1, layout=plgpu.Layout.WGMMA), _U32)
+
+      def pair_rows():
+        """The per-pair vectors (two registers a thread each): keys, coefficients, bias's."""
+        rows = lambda ref: _mosaic.load_rows(ref.at[pairs_at])
+        return dict(keys=[rows(keys_gmem.at[s]) for s in range(2)],
+                    coefs=[[rows(coef_gmem.at[c, s]) for s in range(2)]
+                           for c in range(len(a_starts))],
+                    bias_coefs=None if bias_start is None else [
+                        rows(bias_coef_gmem.at[s]) for s in range(2)])
+
+      def epilogue(accs, sl=slice(None), hoisted=None):
+        """The noisy accumulators' columns ``sl`` (a store chunk, or all).
+
+        ``hoisted``: :func:`pair_rows`, loaded before the main loop (else loaded here).
+        """
+        width = tile_n if sl == slice(None) else sl.stop - sl.start
+        first = 0 if sl == slice(None) else sl.start
+        if hoisted is None:
+          pair = lambda ref: per_pair(ref.at[pairs_at], width)
+          keys = [pair(keys_gmem.at[s]) for s in range(2)]
+          coefs = [[pair(coef_gmem.at[c, s]) for s in range(2)] for c in range(len(a_starts))]
+          bias_coefs = None if bias_start is None else [
+              pair(bias_coef_gmem.at[s]) for s in range(2)]
+        else:
+          pair = lambda rows: lax.broadcast_in_dim(rows, (TILE_PAIRS, width), [0])
+          keys = [pair(v) for v in hoisted["keys"]]
+          coefs = [[pair(v) for v in c] for c in hoisted["coefs"]]
+          bias_coefs = None if bias_start is None else [pair(v) for v in hoisted["bias_coefs"]]
+        cols = col_iota(width) + lax.convert_element_type(col0 + first, _U32)
+        bias = None
         if bias_start is not None:
           bias = lax.broadcast_in_dim(
-              _mosaic.load_columns(bias_gmem.at[pl.ds(col0, tile_n)]), shape, [1])
-          bias_coefs = [per_pair(bias_coef_gmem.at[s, pairs_at]) for s in range(2)]
-        coefs = [[per_pair(coef_gmem.at[c, s, pairs_at]) for s in range(2)]
-                 for c in range(len(a_starts))]
-        return add_pair_noise(accs, cols, per_pair(keys_gmem.at[0, pairs_at]),
-                              per_pair(keys_gmem.at[1, pairs_at]), coefs, bias, bias_coefs,
-                              kind=kind, index_hi=index_hi, a_starts=a_starts,
-                              bias_start=bias_start)
+              _mosaic.load_columns(bias_gmem.at[pl.ds(col0 + first, width)]), (TILE_PAIRS, width),
+              [1])
+        leading_q = tuple(
+            kind.from_code(codes_smem[wg, c, :, pl.ds(first, width)].astype(_U32))
+            for c in range(ahead))
+        return add_pair_noise((accs[0][:, sl], accs[1][:, sl]), cols, *keys, coefs, bias,
+                              bias_coefs, kind=kind, index_hi=index_hi, a_starts=a_starts,
+                              bias_start=bias_start, leading_q=leading_q)
+
+      # With codes hashed ahead, the per-pair vectors are loaded before the main loop (its
+      # hashing needs the keys; the epilogue's chunks share them all), set by `context`.
+      hoisted_rows = []
 
       def context(run_pipeline):
+        if ahead:
+          hoisted_rows.append(pair_rows())
+
         @functools.partial(pl.run_scoped, plus_ref=plgpu.ACC(shape, _F32),
                            minus_ref=plgpu.ACC(shape, _F32))
         def _accumulate(plus_ref, minus_ref):
           run_pipeline((plus_ref, minus_ref))
-          outs = epilogue((plus_ref[...], minus_ref[...]))
+          accs = (plus_ref[...], minus_ref[...])
+          # Without codes hashed ahead the whole tile's noise is formed first (as
+          # measured in sessions 12-26); with them a store chunk at a time, so each
+          # chunk's codes are loaded just before they are used.
+          # The codes are read a piece wide at least (a piece may span store chunks).
+          noise_cols = max(store_cols, piece_cols) if ahead else tile_n
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          for i, (sign, c) in enumerate((s, c) for c in range(tile_n // store_cols)
-                                        for s in range(2)):
-            slot = i % 2
-            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-            out_smem[wg, slot] = outs[sign][:, c * store_cols:(c + 1) * store_cols].astype(
-                out_gmem.dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(
-                out_smem.at[wg, slot],
-                out_gmem.at[pairs_at, pl.ds(sign * n_out + col0 + c * store_cols, store_cols)])
+          for first in range(0, tile_n, noise_cols):
+            noisy = (epilogue(accs, slice(first, first + noise_cols), hoisted_rows[0]) if ahead
+                     else epilogue(accs))
+            for c in range(noise_cols // store_cols):
+              chunk = slice(c * store_cols, (c + 1) * store_cols)
+              for sign in range(2):
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                out_smem[wg, sign] = noisy[sign][:, chunk].astype(out_gmem.dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(
+                    out_smem.at[wg, sign],
+                    out_gmem.at[pairs_at, pl.ds(sign * n_out + col0 + first + chunk.start,
+                                                store_cols)])
 
-      def multiply(_, plus_smem, minus_smem, w_smem, accs):
+      def hash_ahead(step):
+        """Codes of pieces ``(component, column block)`` for the epilogue, a few a step."""
+        keys = [lax.broadcast_in_dim(k, (TILE_PAIRS, piece_cols), [0])
+                for k in hoisted_rows[0]["keys"]]
+        group = step // spacing
+
+        @pl.when((step % spacing == 0) & (group * per_step < ahead * blocks))
+        def _hash():
+          for i in range(per_step):
+            piece = group * per_step + i
+
+            @pl.when(piece < ahead * blocks)
+            def _piece():
+              component, block = piece // blocks, piece % blocks
+              start = _U32(a_starts[0]) + lax.convert_element_type(component, _U32) * _U32(
+                  a_stride)
+              cols = col_iota(piece_cols) + lax.convert_element_type(
+                  col0 + block * piece_cols, _U32)
+              code = tile_code(kind, index_hi, start, cols, *keys)
+              codes_smem[wg, component, :, pl.ds(block * piece_cols, piece_cols)] = (
+                  code.astype(code_dtype))
+
+      def multiply(indices, plus_smem, minus_smem, w_smem, accs):
         w_tile = w_smem.at[pl.ds(wg * tile_n, tile_n)].transpose((1, 0))
         plgpu.wgmma(accs[0], plus_smem, w_tile)
         plgpu.wgmma(accs[1], minus_smem, w_tile)
+        if ahead:
+          # While the step's wgmmas run; no accumulator is touched (ptxas's C7515).
+          hash_ahead(indices[0])
         plgpu.wgmma_wait(0)
         return accs
 
@@ -351,7 +515,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
 
 def _statics(kind: noise_lib.NoiseKind, weight_shape, offset: int, rank: int, with_bias: bool):
   out_features, in_features = weight_shape
-  width = out_features + in_features
+  width = out_features + in_features  # component c's A starts at offset + c * width
   bias_start = None
   if with_bias:
     bias_start = (offset + noise_lib.noise_block_size(weight_shape, rank)) & 0xFFFFFFFF
@@ -384,9 +548,10 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
   pop, _, in_features = x.shape
   out_features = weight.shape[0]
   keys, coef, bias_coef = operands
-  stages, store_cols = shared_memory_plan(config, jnp.dtype(x.dtype).itemsize,
-                                          jnp.dtype(out_dtype).itemsize)
+  stages, store_cols, ahead = noise_ahead_plan(config, kind, rank, jnp.dtype(x.dtype).itemsize,
+                                               jnp.dtype(out_dtype).itemsize)
   body = functools.partial(_forward_kernel, config=config, stages=stages, store_cols=store_cols,
+                           ahead=ahead,
                            **_statics(kind, weight.shape, offset, rank, bias is not None))
   call = _mosaic.kernel(
       body, out_type=jax.ShapeDtypeStruct((pop // 2, 2 * out_features), out_dtype),
