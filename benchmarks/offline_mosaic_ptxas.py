@@ -18,6 +18,12 @@ ptxas's performance notes, e.g. ``C7515`` ("wgmma.mma_async instructions
 are serialized due to non wgmma instructions defining accumulator registers
 of a wgmma between start and end of the pipeline stage").
 
+``--sass DIR`` also keeps each case's PTX (``MOSAIC_GPU_DUMP_PTX``) and, where
+the ``triton`` wheel's ``nvdisasm`` is installed, assembles it with ``ptxas``
+(``PATH``) and disassembles it: ``DIR/CASE.sass``, with a count of its
+``HGMMA``, ``BAR.SYNC`` and ``WARPGROUP.DEPBAR`` instructions (session 28 read
+the codes-ahead main loop this way).
+
 Found with it (session 27, ``benchmarks/RESULTS.md``): adding a rank
 component's noise to the accumulators inside the main loop (commit
 ``449a9db``'s ``mainloop_noise``, removed) gets C7515 and 212-2448 bytes of
@@ -112,6 +118,8 @@ def main(argv=None):
   parser.add_argument("--field", action="append", default=[],
                       help="LowRankLinearConfig override, e.g. gemm_stages=3")
   parser.add_argument("--offset", type=int, default=0, help="the layer's first noise index")
+  parser.add_argument("--sass", metavar="DIR",
+                      help="keep the PTX and write the SASS of each case here")
   parser.add_argument("--child", help=argparse.SUPPRESS)
   parser.add_argument("cases", nargs="*", default=["bf16:1", "bf16:4", "f32:1", "f32:4"])
   args = parser.parse_args(argv)
@@ -123,14 +131,52 @@ def main(argv=None):
     command = [sys.executable, os.path.abspath(__file__), "--plugin", args.plugin,
                "--offset", str(args.offset), "--child", case] + [
                    f"--field={text}" for text in args.field]
+    env = {**os.environ, "MOSAIC_GPU_DUMP_PTXAS": "1"}
+    dump = None
+    if args.sass:
+      dump = os.path.join(os.path.abspath(args.sass), case.replace(":", "_"))
+      os.makedirs(dump, exist_ok=True)
+      env.update(MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_TO=dump)
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
-                            env={**os.environ, "MOSAIC_GPU_DUMP_PTXAS": "1"})
-    report = "\n".join(line for line in (result.stdout + result.stderr).splitlines()
+                            env=env)
+    output = result.stdout + result.stderr
+    if dump:  # Mosaic writes ptxas's report to the dump folder then
+      output += "".join(open(os.path.join(dump, name), encoding="utf-8").read()
+                        for name in sorted(os.listdir(dump)) if name.endswith(".ptxas"))
+    report = "\n".join(line for line in output.splitlines()
                        if line.startswith(("ptxas", "compile seconds")))
     if not report:
       print(f"{case}: no ptxas report (exit {result.returncode})\n{result.stderr[-2000:]}")
       continue
     print(f"{case} offset={args.offset} {' '.join(args.field)}: {summary(report)}", flush=True)
+    if dump:
+      print(f"  {disassemble(dump)}", flush=True)
+
+
+def disassemble(dump: str) -> str:
+  """SASS of the PTX that Mosaic dumped in ``dump`` (``ptxas`` on ``PATH``, the triton
+  wheel's ``nvdisasm``), written beside it; a line naming the file and some counts."""
+  ptx = sorted(name for name in os.listdir(dump) if name.endswith(".ptx"))
+  if not ptx:
+    return f"no PTX in {dump}"
+  try:
+    import triton  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return f"PTX in {dump} (pip install triton for its nvdisasm to read the SASS)"
+  nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
+  stem = os.path.join(dump, ptx[0][:-4])
+  try:
+    subprocess.run(["ptxas", "-arch=sm_90a", "-O3", stem + ".ptx", "-o", stem + ".cubin"],
+                   check=True, capture_output=True)
+    sass = subprocess.run([nvdisasm, "-c", stem + ".cubin"], check=True, capture_output=True,
+                          text=True).stdout
+  except (OSError, subprocess.CalledProcessError) as error:
+    return f"PTX in {dump}; no SASS ({error})"
+  with open(stem + ".sass", "w", encoding="utf-8") as f:
+    f.write(sass)
+  counts = {op: len(re.findall(rf"\b{re.escape(op)}\b", sass))
+            for op in ("HGMMA", "BAR.SYNC", "WARPGROUP.DEPBAR")}
+  return f"{stem}.sass: {counts}"
 
 
 if __name__ == "__main__":

@@ -186,6 +186,32 @@ def decode_case(args):
   return fn, shapes, config, config.block_rows * 4 * config.block_groups
 
 
+def operands_case(args):
+  """The fused Mosaic forward's first kernel (``x_i B_i`` and the pair's keys), EGGROLL's layer."""
+  from jaxnoise import noise as noise_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import config as config_lib  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import pallas_triton_low_rank  # pylint: disable=g-import-not-at-top
+  pop, out_features, in_features = args.dims
+  kind = noise_lib.get_kind(args.kind)
+  config = config_lib.low_rank_linear_heuristics(1, in_features, out_features, args.rank,
+                                                 kind.name)
+  _, b_layout = pallas_triton_low_rank._factor_layouts(  # pylint: disable=protected-access
+      kind, 0, out_features, in_features, args.rank)
+
+  def fn(x, seeds):
+    return pallas_triton_low_rank.fused_gemm_operands(
+        x, seeds, jnp.float32(0.01), reduce_layout=b_layout, rank=args.rank,
+        word_hi=fused.word_hi(kind, 0), config=config)
+
+  spec = jax.ShapeDtypeStruct
+  shapes = (spec((pop, 1, in_features), jnp.dtype(args.dtype)), spec((pop,), jnp.uint32))
+  # The loop body once: one step's factor values (the pair shares them), rank per feature.
+  block = getattr(pallas_triton_low_rank, "operand_block", lambda c, r: c.block_reduce)(
+      config, args.rank)
+  return fn, shapes, config, args.rank * block
+
+
 def parse_overrides(pairs) -> dict:
   """``["block_n=64", "interleave_lanes=True"]`` -> ``{"block_n": 64, ...}`` (Python literals)."""
   out = {}
@@ -196,7 +222,7 @@ def parse_overrides(pairs) -> dict:
 
 
 CASES = {"counter_update": counter_update_case, "decode": decode_case,
-         "low_rank": low_rank_case, "matmul": matmul_case,
+         "low_rank": low_rank_case, "matmul": matmul_case, "operands": operands_case,
          "matmul_input_grad": matmul_input_grad_case, "reduce_metric": reduce_metric_case}
 
 
@@ -204,7 +230,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("case", choices=sorted(CASES))
   parser.add_argument("dims", type=int, nargs="+",
-                      help="counter_update, decode: out in; low_rank: pop out in; "
+                      help="counter_update, decode: out in; low_rank, operands: pop out in; "
                            "matmul, matmul_input_grad: M out in; reduce_metric: pop params")
   parser.add_argument("dtype")
   parser.add_argument("--rank", type=int, default=1)

@@ -307,3 +307,21 @@ def test_offline_mosaic_ptxas_lowers_its_cases_and_reads_a_report():
   assert module.summary(report) == {"registers": 168, "spill_bytes": 2448, "ptxas_s": 1.07,
                                     "compile_s": 9.53, "notes": ["C7515"]}
   assert module.summary("ptxas info    : Used 96 registers")["spill_bytes"] == 0
+
+
+def test_offline_mosaic_ptxas_lowers_codes_ahead_and_reports_a_missing_dump(tmp_path):
+  module = _benchmark_module("offline_mosaic_ptxas")
+  lowered = module.lower_case("bf16:4", {"gemm_noise_ahead": 4}, 5)
+  assert "mosaic_gpu" in lowered.as_text()
+  assert module.disassemble(str(tmp_path)).startswith("no PTX")
+
+
+def test_offline_ptx_captures_the_fused_operands_kernel():
+  """offline_ptx.py's operands case: the Triton IR of the fused forward's x_i B_i kernel."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  module = _benchmark_module("offline_ptx")
+  args = argparse.Namespace(dims=[256, 512, 512], dtype="bfloat16", rank=4, kind="binomial")
+  fn, shapes, config, elements = module.operands_case(args)
+  ttir = module.capture_ttir(fn, *shapes)
+  assert "tt.func" in ttir and "tt.reduce" in ttir
+  assert elements == 4 * config.block_reduce
