@@ -617,13 +617,15 @@ class EvolutionStrategy:
       inner_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new), inner_state,
                                  state.inner_state)
     zero = jnp.zeros((), jnp.int32)
+    rescaled_total = zero if state.rescaled_count is None else state.rescaled_count
+    if self.fitness_shaping == "raw":  # otherwise nothing is rescaled: no addition of a zero
+      rescaled_total = rescaled_total + rescaled  # (which XLA, past the barrier, would run)
     new_state = EvolutionStrategyState(
         generation=state.generation + 1,
         key_data=state.key_data,
         inner_state=inner_state,
         nonfinite_count=state.nonfinite_count + count,
-        rescaled_count=(zero if state.rescaled_count is None else state.rescaled_count)
-        + rescaled,
+        rescaled_count=rescaled_total,
         dropped_count=(zero if state.dropped_count is None else state.dropped_count)
         + dropped.astype(jnp.int32),
     )

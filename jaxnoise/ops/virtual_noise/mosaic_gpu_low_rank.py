@@ -348,7 +348,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   m_tiles, n_tiles = n_pairs // TILE_PAIRS, n_out // cta_n
   n_steps = depth // tile_k
   a_stride = n_out + depth  # component c's A starts c * (out + in) after component 0's
-  # Codes hashed ahead: (64, piece_cols) pieces of 16-byte rows (32 for uint32).
+  # Codes hashed ahead: (64, piece_cols) pieces of 32-byte rows.
   code_dtype = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[kind.code_bits]
   piece_cols = code_piece_cols(kind)
   code_swizzle = piece_cols * kind.code_bits // 8
@@ -376,12 +376,12 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
       allocations=pipeline(ignore, ignore).get_allocations(x_plus, x_minus, w_gmem),
       out_smem=plgpu.SMEM((_COMPUTE_WARPGROUPS, 2, TILE_PAIRS, store_cols), out_gmem.dtype,
                           transforms=out_transforms),
-      codes_smem=plgpu.SMEM(
-          (_COMPUTE_WARPGROUPS, max(ahead, 1), TILE_PAIRS, tile_n if ahead else piece_cols),
-          code_dtype, transforms=(plgpu.TilingTransform((8, piece_cols)),
-                                  plgpu.SwizzleTransform(code_swizzle))),
+      **({} if not ahead else dict(codes_smem=plgpu.SMEM(
+          (_COMPUTE_WARPGROUPS, ahead, TILE_PAIRS, tile_n), code_dtype,
+          transforms=(plgpu.TilingTransform((8, piece_cols)),
+                      plgpu.SwizzleTransform(code_swizzle))))),
       collective_axes="wg")
-  def _scope(allocations, out_smem, codes_smem):
+  def _scope(allocations, out_smem, codes_smem=None):
     wg = lax.axis_index("wg")
 
     @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
