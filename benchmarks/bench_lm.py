@@ -12,12 +12,16 @@ The model is :class:`lm_model.TransformerLM` (default 4 layers, d_model 512,
 * ``es.update`` (the gradient estimate regenerates the noise) and Adam.
 
 Each population runs with rank-1 and rank-4 noise on every linear kernel and
-with full-rank noise (``rank=None``). Full rank regenerates ``pop x params``
+with full-rank noise (``rank=None``), and first as plain batch inference (the
+floor, as in EGGROLL's benchmark): the unperturbed model's loss on ``pop``
+distinct minibatches of the same size, chunked the same way, so each ES step
+is also reported as a fraction of inference throughput at its population. Full rank regenerates ``pop x params``
 noise values twice per step, so it is skipped where the step time measured
 at a smaller population predicts more than ``--case-budget`` seconds, and a
 case that fails (out of memory) is recorded, not raised, so the table always
 prints. Reported: generations/s, tokens/s (``pop * batch * context`` tokens
-evaluated per second), the compiled executable's memory and the device's peak.
+evaluated per second), the fraction of inference (inference time / step
+time), the compiled executable's memory and the device's peak.
 
     python benchmarks/bench_lm.py --out benchmarks/out     # GPU, about 3 min
     python benchmarks/bench_lm.py --quick                  # CPU check (interpret)
@@ -115,6 +119,54 @@ def step_case(config: lm_model.LMConfig, pop: int, rank: int | None, batch: int,
   return record
 
 
+def inference_case(config: lm_model.LMConfig, pop: int, batch: int, tokens_per_chunk: int,
+                   repeats: int, case_seconds: float) -> dict:
+  """Time the floor: the unperturbed model's loss on ``pop`` distinct minibatches.
+
+  The same tokens per member and the same chunks as :func:`step_case`, one
+  ``vmap`` over a chunk's members (XLA folds it into the matmuls' rows), no
+  noise, no update.
+  """
+  model = lm_model.TransformerLM(config, rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  chunk = lm_model.chunk_members(pop, batch * config.context, tokens_per_chunk)
+  sequences = jax.random.randint(jax.random.key(2),
+                                 (pop // chunk, chunk, batch, config.context + 1), 0,
+                                 config.vocab_size, jnp.int32)
+
+  @jax.jit
+  def population_loss(state, sequences):
+    member = nnx.merge(graphdef, state)
+    losses = jax.lax.map(jax.vmap(functools.partial(lm_model.next_byte_loss, member)),
+                         sequences)
+    return jnp.mean(losses)
+
+  start = time.perf_counter()
+  compiled = population_loss.lower(state, sequences).compile()
+  compile_seconds = time.perf_counter() - start
+  jax.block_until_ready(compiled(state, sequences))
+  times = []
+  deadline = time.perf_counter() + case_seconds
+  while len(times) < repeats and (not times or time.perf_counter() < deadline):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(state, sequences))
+    times.append(time.perf_counter() - start)
+  seconds = statistics.median(times)
+  return {"pop": pop, "rank": "inference", "chunk": chunk, "batch": batch,
+          "context": config.context, "step_ms": 1e3 * seconds, "timed_steps": len(times),
+          "tokens_per_s": pop * batch * config.context / seconds,
+          "compile_s": compile_seconds}
+
+
+def add_fractions(results: list[dict]) -> None:
+  """``of_inference`` (inference ms / step ms at the same population) on every ES record."""
+  floor = {r["pop"]: r["step_ms"] for r in results
+           if r.get("rank") == "inference" and "step_ms" in r}
+  for record in results:
+    if record.get("rank") != "inference" and "step_ms" in record and record.get("pop") in floor:
+      record["of_inference"] = floor[record["pop"]] / record["step_ms"]
+
+
 def plot(results: list[dict], path: str) -> None:
   """Tokens/s against population, one line per rank."""
   try:
@@ -128,7 +180,7 @@ def plot(results: list[dict], path: str) -> None:
     rows = sorted((r for r in results if r.get("rank") == rank and "tokens_per_s" in r),
                   key=lambda r: r["pop"])
     axis.plot([r["pop"] for r in rows], [r["tokens_per_s"] for r in rows], "o-",
-              label=f"rank {rank}")
+              label="batch inference" if rank == "inference" else f"ES step, rank {rank}")
   axis.set_xscale("log", base=2)
   axis.set_yscale("log")
   axis.set_xlabel("population")
@@ -149,6 +201,8 @@ def main(argv=None):
   parser.add_argument("--pops", default="16384,65536,262144", help="comma-separated populations")
   parser.add_argument("--ranks", default="1,full,4",
                       help="comma-separated ranks, run in this order; full = rank None")
+  parser.add_argument("--no-inference", action="store_true",
+                      help="skip the batch-inference floor at each population")
   parser.add_argument("--batch", type=int, default=1, help="sequences per member (shared)")
   parser.add_argument("--context", type=int, default=64, help="tokens per sequence")
   parser.add_argument("--d-model", type=int, default=512)
@@ -184,6 +238,12 @@ def main(argv=None):
   results: list[dict] = []
   seconds_per_member: dict[str, float] = {}  # per rank, from its last measured case
   failed: set[str] = set()
+  if not args.no_inference:
+    for pop in pops:
+      _harness.run_case(
+          results, f"lm inference pop={pop}",
+          functools.partial(inference_case, config, pop, args.batch, args.tokens_per_chunk,
+                            args.repeats, args.case_budget), budget)
   # Rank-outer: a rank's smaller populations predict its larger ones (see the skip below),
   # and the low-rank cases at every population run before the time budget runs out.
   for rank in ranks:
@@ -214,13 +274,14 @@ def main(argv=None):
       elif "step_ms" in record:
         seconds_per_member[rank_key] = record["step_ms"] / 1e3 / pop
 
+  add_fractions(results)
   os.makedirs(args.out, exist_ok=True)
   _harness.write_json(os.path.join(args.out, "lm_step.json"),
                       {"facts": facts, "config": dataclasses.asdict(config),
                        "results": results})
   plot(results, os.path.join(args.out, "lm_step.png"))
   print(_harness.table(results, ["case", "chunk", "step_ms", "generations_per_s",
-                                 "tokens_per_s", "compile_s", "temp_gib", "device_peak_gib",
+                                 "tokens_per_s", "of_inference", "compile_s", "temp_gib", "device_peak_gib",
                                  "skipped", "error"]))
 
 

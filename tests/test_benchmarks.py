@@ -52,8 +52,11 @@ def test_lm_benchmark_quick(tmp_path):
   _run(tmp_path, "bench_lm.py", "--quick")
   with open(tmp_path / "lm_step.json") as f:
     results = json.load(f)["results"]
-  assert {r["rank"] for r in results if r.get("tokens_per_s", 0) > 0} == {"1", "full"}
+  assert {r["rank"] for r in results if r.get("tokens_per_s", 0) > 0} == {"1", "full",
+                                                                          "inference"}
   assert not [r for r in results if "error" in r or "skipped" in r]
+  steps = [r for r in results if r["rank"] != "inference"]
+  assert all(r["of_inference"] > 0 for r in steps), steps  # each step against the floor
 
 
 def test_scaling_benchmark_quick(tmp_path):

@@ -559,19 +559,21 @@ def _fused_operands(x, seeds, sigma, offset, kind, rank, out_f):
   from jaxnoise.ops.virtual_noise import pallas_triton_low_rank as triton  # pylint: disable=g-import-not-at-top
   kind = noise_lib.get_kind(kind)
   _, b_layout = triton._factor_layouts(kind, offset, out_f, x.shape[-1], rank)  # pylint: disable=protected-access
-  config = config_lib.LowRankLinearConfig(block_reduce=64)
+  config = config_lib.LowRankLinearConfig(block_batch=4, block_reduce=64)  # rows > 4: several programs a pair
   return triton.fused_gemm_operands(x, seeds, sigma, reduce_layout=b_layout, rank=rank,
                                     word_hi=fused.word_hi(kind, offset), config=config,
                                     interpret=True)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("offset,rank,with_bias", [
-    (5, 1, True), ((1 << 32) + 7, 3, False), ((1 << 40) + 3, 2, True)])
-def test_fused_forward_arithmetic_equals_dense_perturbation(rng, kind, offset, rank, with_bias):
+@pytest.mark.parametrize("offset,rank,with_bias,rows", [
+    (5, 1, True, 1), ((1 << 32) + 7, 3, False, 1), ((1 << 40) + 3, 2, True, 1),
+    (9, 2, True, 5), ((1 << 40) + 3, 1, False, 64)])
+def test_fused_forward_arithmetic_equals_dense_perturbation(rng, kind, offset, rank, with_bias,
+                                                            rows):
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
-  pop, out_f, in_f = 10, 37, 101
-  x = _normal(rng, (pop, 1, in_f))
+  pop, out_f, in_f = (10, 37, 101) if rows < 64 else (4, 24, 40)
+  x = _normal(rng, (pop, rows, in_f))
   weight, bias = _normal(rng, (out_f, in_f)) * 0.3, _normal(rng, (out_f,))
   bias = bias if with_bias else None
   seeds = _seeds(rng, pop, antithetic=True)
@@ -589,7 +591,8 @@ def test_swar_popcount_equals_lax(rng):
   np.testing.assert_array_equal(fused.popcount(words), jax.lax.population_count(words))
 
 
-def test_fused_path_dispatch(rng, monkeypatch):
+@pytest.mark.parametrize("rows", [1, 64])
+def test_fused_path_dispatch(rng, monkeypatch, rows):
   """On a (pretended) Hopper GPU an eligible call takes the fused route, operands and all."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   calls = []
@@ -601,8 +604,8 @@ def test_fused_path_dispatch(rng, monkeypatch):
 
   monkeypatch.setattr(fused, "unsupported_reason", lambda *args: None)
   monkeypatch.setattr(fused, "fused_forward", fake_kernel)
-  pop, out_f, in_f = 8, 24, 70
-  x = _normal(rng, (pop, 1, in_f), jnp.bfloat16)
+  pop, out_f, in_f = (8, 24, 70) if rows == 1 else (4, 24, 40)
+  x = _normal(rng, (pop, rows, in_f), jnp.bfloat16)
   weight, bias = _normal(rng, (out_f, in_f), jnp.bfloat16), _normal(rng, (out_f,))
   seeds = _seeds(rng, pop, antithetic=True)
   y = jaxnoise.virtual_perturbed_linear(x, weight, bias, seeds, 0.3, 11, kind="binomial",
@@ -633,7 +636,12 @@ def test_fused_path_eligibility_names_the_reason(monkeypatch):
   assert "shared memory" in reason(cfg=config_lib.LowRankLinearConfig(fused_gemm=True,
                                                                       gemm_tile_k=512),
                                    shape=(256, 1, 1024))
-  assert "one row per member" in reason(shape=(256, 2, 512))
+  assert "one row per member or a multiple of 64" in reason(shape=(256, 2, 512))
+  assert "multiple of 64" in reason(shape=(2, 96, 512))
+  assert "MULTI_ROW_MEMBERS" in reason(shape=(2, 64, 512))
+  monkeypatch.setattr(fused, "MULTI_ROW_MEMBERS", True)
+  assert reason(shape=(2, 64, 512)) is None  # one pair of 64-row members: one tile of rows
+  assert reason(shape=(6, 128, 512)) is None
   assert "antithetic" in reason(antithetic=False)
   assert reason(dtype=jnp.float32, out_dtype=jnp.float32) is None
   assert "got int8" in reason(dtype=jnp.int8)
@@ -735,11 +743,12 @@ def test_noise_codes_fit_their_bits_and_give_the_values(rng, kind):
     ("normal", False, 2, jnp.float16, jnp.float16),
     ("uniform", True, 1, jnp.float32, jnp.float32),
     ("binomial", False, 2, jnp.float32, jnp.bfloat16)])
-@pytest.mark.parametrize("ahead", [0, 2])
-def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtype, ahead):
+@pytest.mark.parametrize("ahead,rows", [(0, 1), (2, 1), (0, 128)])
+def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtype, ahead, rows):
   """The Pallas-to-Mosaic GPU translation of the kernel (and its shared-memory check) on a CPU."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
-  pop, out_f, in_f, pairs = 256, 512, 320, 128
+  pop, out_f, in_f = (256, 512, 320) if rows == 1 else (6, 512, 320)
+  pairs = pop // 2 * rows
   config = config_lib.LowRankLinearConfig(gemm_noise_ahead=ahead)
 
   def forward(x, weight, bias, keys, coef, bias_coef):
@@ -748,7 +757,7 @@ def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtyp
                                rank=rank, out_dtype=out_dtype, config=config, num_sms=132)
 
   avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
-      ((pop, 1, in_f), x_dtype), ((out_f, in_f), x_dtype), ((out_f,), jnp.float32),
+      ((pop, rows, in_f), x_dtype), ((out_f, in_f), x_dtype), ((out_f,), jnp.float32),
       ((2, pairs), jnp.uint32), ((rank, 2, pairs), jnp.float32), ((2, pairs), jnp.float32)]]
   lowered = jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
@@ -803,6 +812,36 @@ def test_fused_forward_compiled_on_hopper(rng, kind, dtype):
   assert "mosaic_gpu" in forward.lower(x).as_text()  # the fused path, not the Triton one
   y = forward(x)
   expected = _dense_linear(x, weight, bias, seeds, 0.5, (1 << 40) + 3, kind, True, 2)
+  np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
+                             atol=1e-2 * float(jnp.abs(expected).max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,dtype,rows,pop,rank,with_bias", [
+    ("binomial", jnp.bfloat16, 64, 6, 1, True),     # 3 pairs, one tile of rows each
+    ("rademacher", jnp.bfloat16, 128, 4, 4, False),  # two tiles of rows a pair
+    ("normal", jnp.float16, 192, 2, 2, True),
+    ("uniform", jnp.float32, 64, 4, 3, True)])
+def test_fused_forward_multi_row_members_compiled_on_hopper(rng, monkeypatch, kind, dtype, rows,
+                                                            pop, rank, with_bias):
+  """Members of 64k rows (a sequence each): tiles of one pair's rows, against the reference."""
+  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  if not _mosaic.is_hopper():
+    pytest.skip("needs a Hopper GPU")
+  monkeypatch.setattr(fused, "MULTI_ROW_MEMBERS", True)
+  out_f, in_f, offset = 512, 192, (1 << 40) + 3
+  x = _normal(rng, (pop, rows, in_f), dtype)
+  weight = _normal(rng, (out_f, in_f), dtype) * 0.1
+  bias = _normal(rng, (out_f,)) if with_bias else None
+  seeds = _seeds(rng, pop, antithetic=True)
+  forward = jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
+      x, weight, bias, seeds, 0.5, offset, kind=kind, antithetic=True, rank=rank,
+      out_dtype=dtype, implementation="pallas",
+      config=config_lib.LowRankLinearConfig(fused_gemm=True)))
+  assert "mosaic_gpu" in forward.lower(x).as_text()
+  y = forward(x)
+  expected = _dense_linear(x, weight, bias, seeds, 0.5, offset, kind, True, rank)
   np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
                              atol=1e-2 * float(jnp.abs(expected).max()))
 

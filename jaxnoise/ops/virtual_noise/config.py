@@ -317,11 +317,13 @@ class LowRankLinearConfig:
       writes the sum (False: it writes the noise term and XLA adds it, which
       measured slower on an H200).
       Shared x always adds its small ``(batch, out)`` GEMM in the kernel.
-    fused_gemm: on a Hopper GPU, x with one row per member in
-      antithetic pairs runs one Mosaic GPU GEMM that adds the noise term in
-      its epilogue (:mod:`jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank`;
-      ``x_i B_i`` from this kernel's reduce phase first). Calls it cannot
-      take (other GPUs, batches of rows, no antithetic pairs, float32 x
+    fused_gemm: on a Hopper GPU, x with one row per member (or a multiple
+      of 64 rows, such as a sequence's tokens, once
+      ``mosaic_gpu_low_rank.MULTI_ROW_MEMBERS`` is on) in antithetic pairs runs one
+      Mosaic GPU GEMM that adds the noise term in its epilogue
+      (:mod:`jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank`; ``x_i B_i``
+      from this kernel's reduce phase first). Calls it cannot take (other
+      GPUs, other row counts, no antithetic pairs, float32 x
       under a ``jax_default_matmul_precision`` finer than TF32, shapes off
       its tiles, a layer whose noise indices cross a multiple of 2**32) run
       the kernel above. :func:`low_rank_linear_heuristics` turns it on up

@@ -14,7 +14,19 @@ persistent Mosaic GPU GEMM computes ``x W^T`` with ``wgmma`` (``W`` read as
 stored, ``(out, in)``, through a transposed shared-memory view) and, before
 a tile leaves the registers, adds the noise.
 
-The pair shares its noise, so the GEMM keeps the pair's two rows in two
+Members of several rows (``rows`` a multiple of 64, e.g. a sequence's
+tokens): ``x`` is viewed as ``(pop * rows, in)`` and a tile is 64 rows of one
+pair, its ``+`` member's rows and the ``-`` member's same rows (``rows`` further
+down), so the tile's noise is the pair's ``A`` row for every row; the
+operands (keys, coefficients) are per row, pair-major, in both layouts. The
+epilogue then hashes ``A``'s values as a vector in the layout of the
+accumulator's columns (64 columns at a time) and broadcasts it over the 64
+rows: each thread hashes the columns it holds, half the values of hashing
+per element (as a tile of 64 pairs must). (Lowered for
+CUDA on a CPU for every kind and dtype; not yet compiled on a GPU, so it is
+off until :data:`MULTI_ROW_MEMBERS` is turned on.)
+
+One row per member: the pair shares its noise, so the GEMM keeps the pair's two rows in two
 accumulators: ``x`` is viewed (for free) as ``(pop / 2, 2 * in)``, whose
 row ``j`` is ``[x_2j | x_2j+1]``, and each program multiplies 64 pairs'
 ``+`` halves and ``-`` halves into two ``(64, tile_n)`` accumulators. Every
@@ -45,7 +57,8 @@ arithmetic on whole arrays, with the reference.
 
 Eligible calls (:func:`unsupported_reason` says why not; the caller then
 takes the Triton path): a Hopper GPU; 16-bit or float32 x with one row per
-member in antithetic pairs; ``pop`` a multiple of 128, ``out`` of
+member (``pop`` a multiple of 128) or, once :data:`MULTI_ROW_MEMBERS` is on,
+a multiple of 64 rows, in antithetic pairs; ``out`` a multiple of
 ``2 * gemm_tile_n`` and ``in`` of the step depth (:func:`step_depth`); the
 layer's noise indices within one ``2**32`` window (in models of more than
 4.3G parameters, the one layer per window boundary takes the Triton path).
@@ -59,6 +72,7 @@ this GPU, so the fused path takes float32 only where
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -77,6 +91,11 @@ _F32 = jnp.float32
 
 # Antithetic pairs per tile: one wgmma row group of 64 per sign.
 TILE_PAIRS = 64
+# Members of 64k rows take the fused GEMM only when this is True. Their kernel lowers for
+# CUDA on a CPU (every kind and dtype, tests/test_low_rank.py) but has not been compiled on
+# a GPU yet (session 29 had no device time left): benchmarks/gpu_session29_run5.sh runs its
+# compiled tests and times the LM with it, and this turns on once they pass.
+MULTI_ROW_MEMBERS = False
 # Shared memory left to the pipeline's barriers.
 _BARRIER_BYTES = 4096
 _COMPUTE_WARPGROUPS = 2
@@ -272,8 +291,12 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
     return "config.fused_gemm is False"
   if interpret or not _mosaic.is_hopper():
     return "needs a Hopper GPU (compute capability 9.x)"
-  if len(x_shape) != 3 or x_shape[1] != 1:
-    return f"needs per-individual x with one row per member, got shape {tuple(x_shape)}"
+  if len(x_shape) != 3 or (x_shape[1] != 1 and x_shape[1] % TILE_PAIRS):
+    return (f"needs per-individual x with one row per member or a multiple of "
+            f"{TILE_PAIRS}, got shape {tuple(x_shape)}")
+  if x_shape[1] != 1 and not MULTI_ROW_MEMBERS:
+    return (f"members of {x_shape[1]} rows wait for their kernel's first compiled run "
+            f"(MULTI_ROW_MEMBERS is False)")
   if not antithetic:
     return "needs antithetic pairs"
   x_dtype = jnp.dtype(x_dtype)
@@ -283,8 +306,8 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
   if x_dtype == jnp.dtype(jnp.float32) and precision not in _TF32_PRECISIONS:
     return (f"float32 x runs as TF32, coarser than jax_default_matmul_precision="
             f"{precision!r} asks for")
-  pop, _, in_features = x_shape
-  if pop % (2 * TILE_PAIRS):
+  pop, member_rows, in_features = x_shape
+  if member_rows == 1 and pop % (2 * TILE_PAIRS):
     return f"pop = {pop} is not a multiple of {2 * TILE_PAIRS}"
   if out_features % (_COMPUTE_WARPGROUPS * config.gemm_tile_n):
     return (f"out = {out_features} is not a multiple of "
@@ -303,7 +326,7 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
 
 def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *,
                    kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
-                   bias_start: int | None, leading_q: tuple = ()):
+                   bias_start: int | None, leading_q: tuple = (), bias_q=None):
   """The epilogue on a pair's ``(plus, minus)`` accumulators; each noise value hashed once.
 
   ``plus += sum_c coef_c^+ q(A_c) [+ bias + bias_coef^+ q(bias)]``, the same
@@ -312,8 +335,9 @@ def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *
   ``cols`` holds the output index, ``multiplier`` / ``increment`` and each
   ``(plus, minus)`` coefficient are per pair, ``bias`` per column. The
   kernel passes register tiles, :func:`fused_forward_xla` whole arrays.
-  ``leading_q``: the first components' ``q``, made already (hashed ahead);
-  the others are hashed here. Either way the sum is formed in one order.
+  ``leading_q``: the first components' ``q``, made already (hashed ahead, or
+  once per column for a tile of one pair's rows); the others are hashed here;
+  ``bias_q`` likewise for the bias. Either way the sum is formed in one order.
   """
   plus, minus = accs
   for c, ((coef_plus, coef_minus), start) in enumerate(zip(coefs, a_starts)):
@@ -323,7 +347,8 @@ def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *
       q = tile_noise(kind, index_hi, start, cols, multiplier, increment)
     plus, minus = plus + coef_plus * q, minus + coef_minus * q
   if bias_start is not None:
-    q = tile_noise(kind, index_hi, bias_start, cols, multiplier, increment)
+    q = bias_q if bias_q is not None else tile_noise(kind, index_hi, bias_start, cols,
+                                                     multiplier, increment)
     plus = plus + (bias + bias_coefs[0] * q)
     minus = minus + (bias + bias_coefs[1] * q)
   return plus, minus
@@ -332,10 +357,13 @@ def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *
 def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                     kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
                     bias_start: int | None, config: config_lib.LowRankLinearConfig,
-                    stages: int, store_cols: int, ahead: int):
+                    stages: int, store_cols: int, ahead: int, member_rows: int):
   bias_gmem, bias_coef_gmem, out_gmem = refs if bias_start is not None else (None, None) + refs
-  n_pairs, depth = x_gmem.shape[0], x_gmem.shape[1] // 2
   n_out = w_gmem.shape[0]
+  if member_rows == 1:  # x as (pop / 2, 2 * in): a tile is 64 pairs
+    n_rows, depth = x_gmem.shape[0], x_gmem.shape[1] // 2
+  else:  # x as (pop * rows, in): a tile is 64 rows of one pair's members
+    n_rows, depth = x_gmem.shape[0] // 2, x_gmem.shape[1]
   itemsize = jnp.dtype(x_gmem.dtype).itemsize
   tile_n, tile_k = config.gemm_tile_n, step_depth(config, itemsize)
   cta_n = _COMPUTE_WARPGROUPS * tile_n
@@ -345,7 +373,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   out_swizzle = plgpu.find_swizzle(store_cols * out_itemsize * 8)
   out_transforms = (plgpu.TilingTransform((8, out_swizzle // out_itemsize)),
                     plgpu.SwizzleTransform(out_swizzle))
-  m_tiles, n_tiles = n_pairs // TILE_PAIRS, n_out // cta_n
+  m_tiles, n_tiles = n_rows // TILE_PAIRS, n_out // cta_n
   n_steps = depth // tile_k
   a_stride = n_out + depth  # component c's A starts c * (out + in) after component 0's
   # Codes hashed ahead: (64, piece_cols) pieces of 32-byte rows.
@@ -369,7 +397,10 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   def ignore(*_, **__):
     return None
 
-  x_plus, x_minus = x_gmem.at[:, pl.ds(0, depth)], x_gmem.at[:, pl.ds(depth, depth)]
+  if member_rows == 1:
+    x_plus, x_minus = x_gmem.at[:, pl.ds(0, depth)], x_gmem.at[:, pl.ds(depth, depth)]
+  else:
+    x_plus = x_minus = x_gmem
 
   @functools.partial(
       pl.run_scoped,
@@ -389,9 +420,23 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
       (linear,) = info.index
       m_index, n_index = plgpu.planar_snake(linear, (m_tiles, n_tiles), 1,
                                             config.gemm_grid_width)
+      # The tile's rows of the per-row vectors (keys, coefficients): 64 pairs, or 64 rows of
+      # one pair's members.
       pair0 = m_index * TILE_PAIRS
       col0 = n_index * cta_n + wg * tile_n
       pairs_at = pl.ds(pair0, TILE_PAIRS)
+      if member_rows == 1:
+        x_rows = (x_plus.at[pairs_at], x_minus.at[pairs_at])
+        out_rows = lambda sign, cols: out_gmem.at[pairs_at, pl.ds(sign * n_out + cols,
+                                                                   store_cols)]
+      else:
+        # Pair j's rows t..t+63: row 2 j rows + t of x (member +) and rows further (member -).
+        pair_row = (m_index // (member_rows // TILE_PAIRS)) * member_rows  # its first row
+        plus_row = pair0 + pair_row
+        x_rows = tuple(x_gmem.at[pl.ds(plus_row + sign * member_rows, TILE_PAIRS)]
+                       for sign in range(2))
+        out_rows = lambda sign, cols: out_gmem.at[
+            pl.ds(plus_row + sign * member_rows, TILE_PAIRS), pl.ds(cols, store_cols)]
       shape = (TILE_PAIRS, tile_n)
 
       def per_pair(ref, cols=tile_n):
@@ -437,9 +482,23 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         leading_q = tuple(
             kind.from_code(codes_smem[wg, c, :, pl.ds(first, width)].astype(_U32))
             for c in range(ahead))
+        bias_q = None
+        if member_rows > 1:
+          # One pair's rows: each noise value hashed once per column, in the layout of the
+          # accumulator's columns (keys of the pair's first `width` rows: all the pair's).
+          col_keys = [_mosaic.load_columns(keys_gmem.at[s, pl.ds(pair_row, width)])
+                      for s in range(2)]
+          col_index = lax.bitcast_convert_type(plgpu.broadcasted_iota(
+              jnp.int32, (width,), 0, layout=plgpu.Layout.WGMMA.reduce(0)), _U32)
+          col_index = col_index + lax.convert_element_type(col0 + first, _U32)
+          spread = lambda q: lax.broadcast_in_dim(q, (TILE_PAIRS, width), [1])
+          leading_q = tuple(spread(tile_noise(kind, index_hi, start, col_index, *col_keys))
+                            for start in a_starts)
+          if bias_start is not None:
+            bias_q = spread(tile_noise(kind, index_hi, bias_start, col_index, *col_keys))
         return add_pair_noise((accs[0][:, sl], accs[1][:, sl]), cols, *keys, coefs, bias,
                               bias_coefs, kind=kind, index_hi=index_hi, a_starts=a_starts,
-                              bias_start=bias_start, leading_q=leading_q)
+                              bias_start=bias_start, leading_q=leading_q, bias_q=bias_q)
 
       # With codes hashed ahead, the per-pair vectors are loaded before the main loop (its
       # hashing needs the keys; the epilogue's chunks share them all), set by `context`.
@@ -458,21 +517,22 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
           # measured in sessions 12-26); with them a store chunk at a time, so each
           # chunk's codes are loaded just before they are used.
           # The codes are read a piece wide at least (a piece may span store chunks).
-          noise_cols = max(store_cols, piece_cols) if ahead else tile_n
+          # One pair's rows: chunks of 64 columns, whose keys are the pair's first 64 rows'.
+          noise_cols = (max(store_cols, piece_cols) if ahead
+                        else TILE_PAIRS if member_rows > 1 else tile_n)
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
           for first in range(0, tile_n, noise_cols):
             noisy = (epilogue(accs, slice(first, first + noise_cols), hoisted_rows[0]) if ahead
-                     else epilogue(accs))
+                     else epilogue(accs, slice(first, first + noise_cols))
+                     if noise_cols < tile_n else epilogue(accs))
             for c in range(noise_cols // store_cols):
               chunk = slice(c * store_cols, (c + 1) * store_cols)
               for sign in range(2):
                 plgpu.wait_smem_to_gmem(1, wait_read_only=True)
                 out_smem[wg, sign] = noisy[sign][:, chunk].astype(out_gmem.dtype)
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(
-                    out_smem.at[wg, sign],
-                    out_gmem.at[pairs_at, pl.ds(sign * n_out + col0 + first + chunk.start,
-                                                store_cols)])
+                plgpu.copy_smem_to_gmem(out_smem.at[wg, sign],
+                                        out_rows(sign, col0 + first + chunk.start))
 
       def hash_ahead(step):
         """Codes of pieces ``(component, column block)`` for the epilogue, a few a step."""
@@ -506,8 +566,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         plgpu.wgmma_wait(0)
         return accs
 
-      pipeline(multiply, context)(x_plus.at[pairs_at], x_minus.at[pairs_at],
-                                  w_gmem.at[pl.ds(n_index * cta_n, cta_n), :],
+      pipeline(multiply, context)(*x_rows, w_gmem.at[pl.ds(n_index * cta_n, cta_n), :],
                                   allocations=allocations)
 
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -527,10 +586,11 @@ def _statics(kind: noise_lib.NoiseKind, weight_shape, offset: int, rank: int, wi
 def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.NoiseKind,
                   rank: int, out_dtype, config: config_lib.LowRankLinearConfig,
                   num_sms: int | None = None):
-  """``(pop, 1, out)`` low-rank forward of one-row members in antithetic pairs, one Mosaic GEMM.
+  """``(pop, rows, out)`` low-rank forward of members in antithetic pairs, one Mosaic GEMM.
 
   Args:
-    x: ``(pop, 1, in)`` bfloat16, float16 or float32 (multiplied as TF32).
+    x: ``(pop, rows, in)`` bfloat16, float16 or float32 (multiplied as TF32);
+      ``rows`` is 1 or a multiple of 64.
     weight: ``(out, in)``, cast to ``x``'s dtype.
     bias: ``(out,)`` or None.
     offset: the block's first noise index (static).
@@ -543,24 +603,30 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
     num_sms: persistent programs (default: the device's multiprocessor count).
 
   Returns:
-    ``(pop, 1, out)`` of ``out_dtype``.
+    ``(pop, rows, out)`` of ``out_dtype``.
   """
-  pop, _, in_features = x.shape
+  pop, member_rows, in_features = x.shape
   out_features = weight.shape[0]
   keys, coef, bias_coef = operands
+  if member_rows > 1:  # the epilogue hashes each column once: nothing to hash ahead
+    config = dataclasses.replace(config, gemm_noise_ahead=0)
   stages, store_cols, ahead = noise_ahead_plan(config, kind, rank, jnp.dtype(x.dtype).itemsize,
                                                jnp.dtype(out_dtype).itemsize)
   body = functools.partial(_forward_kernel, config=config, stages=stages, store_cols=store_cols,
-                           ahead=ahead,
+                           ahead=ahead, member_rows=member_rows,
                            **_statics(kind, weight.shape, offset, rank, bias is not None))
+  if member_rows == 1:  # row j: [x_2j | x_2j+1], the output the same way
+    x_rows, out_shape = x.reshape(pop // 2, 2 * in_features), (pop // 2, 2 * out_features)
+  else:
+    x_rows, out_shape = x.reshape(pop * member_rows, in_features), (pop * member_rows,
+                                                                     out_features)
   call = _mosaic.kernel(
-      body, out_type=jax.ShapeDtypeStruct((pop // 2, 2 * out_features), out_dtype),
+      body, out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
       grid=(num_sms or _num_sms(),), grid_names=("sm",),
       num_threads=_COMPUTE_WARPGROUPS + 1, thread_name="wg")
   bias_operands = () if bias is None else (bias.astype(_F32), bias_coef)
-  out = call(x.reshape(pop // 2, 2 * in_features), weight.astype(x.dtype), keys, coef,
-             *bias_operands)
-  return out.reshape(pop, 1, out_features)
+  out = call(x_rows, weight.astype(x.dtype), keys, coef, *bias_operands)
+  return out.reshape(pop, member_rows, out_features)
 
 
 def fused_forward_xla(x, weight, bias, offset: int, operands, *, kind: noise_lib.NoiseKind,
@@ -572,20 +638,24 @@ def fused_forward_xla(x, weight, bias, offset: int, operands, *, kind: noise_lib
   checks the hash, the index starts and the per-pair coefficients bit for
   bit against the library's noise.
   """
-  pop, _, in_features = x.shape
+  pop, member_rows, in_features = x.shape
   out_features = weight.shape[0]
   keys, coef, bias_coef = operands
-  products = jnp.dot(x.reshape(pop, in_features), weight.astype(x.dtype).T,
+  products = jnp.dot(x.reshape(pop * member_rows, in_features), weight.astype(x.dtype).T,
                      preferred_element_type=_F32, precision=jax.lax.Precision.HIGHEST)
-  products = products.reshape(pop // 2, 2, out_features)
+  # Rows (pair, member row) for each sign, the order of the per-row operands.
+  products = products.reshape(pop // 2, 2, member_rows, out_features).transpose(1, 0, 2, 3)
+  products = products.reshape(2, pop // 2 * member_rows, out_features)
   cols = jax.lax.broadcasted_iota(_U32, (1, out_features), 1)
   bias32 = None if bias is None else bias.astype(_F32)[None, :]
   plus, minus = add_pair_noise(
-      (products[:, 0], products[:, 1]), cols, keys[0][:, None], keys[1][:, None],
+      (products[0], products[1]), cols, keys[0][:, None], keys[1][:, None],
       [[coef[c, s][:, None] for s in range(2)] for c in range(rank)], bias32,
       [bias_coef[s][:, None] for s in range(2)],
       **_statics(kind, weight.shape, offset, rank, bias is not None))
-  return jnp.stack([plus, minus], axis=1).astype(out_dtype).reshape(pop, 1, out_features)
+  out = jnp.stack([plus.reshape(pop // 2, member_rows, out_features),
+                   minus.reshape(pop // 2, member_rows, out_features)], axis=1)
+  return out.astype(out_dtype).reshape(pop, member_rows, out_features)
 
 
 def _num_sms() -> int:

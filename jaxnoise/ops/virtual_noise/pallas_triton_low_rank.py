@@ -213,55 +213,66 @@ def _low_rank_term(v, seeds, sigma, *, base, bias, reduce_layout, emit_layout, r
 
 
 def _fused_operands_kernel(x_ref, seeds_ref, sigma_ref, keys_ref, coef_ref, bias_coef_ref, *,
-                           reduce_layout: NoiseLayout, rank: int, n_reduce: int, word_hi: int,
-                           config: config_lib.LowRankLinearConfig):
+                           reduce_layout: NoiseLayout, rank: int, rows: int, n_reduce: int,
+                           word_hi: int, config: config_lib.LowRankLinearConfig):
   pair = pl.program_id(0)
+  block_batch = config.block_batch
+  batch0 = pl.program_id(1) * block_batch
   seed = seeds_ref[2 * pair]
+  tokens = batch0 + jax.lax.iota(jnp.int32, block_batch)
   accs = _reduce_factor_dots(x_ref, seed, reduce_layout=reduce_layout, rank=rank,
-                             shared_v=False, n_inputs=2, first=2 * pair, batch0=0,
-                             batch_ok=jnp.ones((1, 1), jnp.bool_), n_reduce=n_reduce,
+                             shared_v=False, n_inputs=2, first=2 * pair, batch0=batch0,
+                             batch_ok=(tokens < rows)[:, None], n_reduce=n_reduce,
                              config=config)
   kind = reduce_layout.kind
   noise_scale = _noise_factor(sigma_ref, kind)
   factor = _term_factor(sigma_ref, kind, rank)
-  at = pl.ds(pair, 1)
+  # Row ``pair * rows + token`` of every output: the pair's member rows, in order.
+  at = pl.ds(pair * rows + batch0, block_batch)
+  mask = None if rows % block_batch == 0 else tokens < rows
+  store = lambda ref, lead, value: _pallas.store(ref.at[lead + (at,)], value, mask=mask)
   for sign in range(2):
     flip = _F32(1.0 - 2.0 * sign)
     for c in range(rank):
-      _pallas.store(coef_ref.at[jnp.int32(c), jnp.int32(sign), at],
-                    (flip * factor) * accs[sign * rank + c][0])
-    _pallas.store(bias_coef_ref.at[jnp.int32(sign), at], jnp.full((1,), flip * noise_scale))
+      store(coef_ref, (jnp.int32(c), jnp.int32(sign)),
+            (flip * factor) * jnp.sum(accs[sign * rank + c], axis=1))
+    store(bias_coef_ref, (jnp.int32(sign),), jnp.full((block_batch,), flip * noise_scale))
   multiplier, increment = noise_lib.stream_keys(seed, _U32(word_hi))
-  _pallas.store(keys_ref.at[jnp.int32(0), at], jnp.full((1,), multiplier, _U32))
-  _pallas.store(keys_ref.at[jnp.int32(1), at], jnp.full((1,), increment, _U32))
+  store(keys_ref, (jnp.int32(0),), jnp.full((block_batch,), multiplier, _U32))
+  store(keys_ref, (jnp.int32(1),), jnp.full((block_batch,), increment, _U32))
 
 
 def fused_gemm_operands(x, seeds, sigma, *, reduce_layout: NoiseLayout, rank: int, word_hi: int,
                         config: config_lib.LowRankLinearConfig, interpret: bool = False):
-  """Per-pair operands of the fused Mosaic GPU forward, from the reduce phase of this kernel.
+  """Per-row operands of the fused Mosaic GPU forward, from the reduce phase of this kernel.
 
-  ``x`` is ``(pop, 1, in)`` with antithetic pairs. One program per pair
-  contracts both rows with the pair's ``B`` factor vectors and writes:
+  ``x`` is ``(pop, rows, in)`` with antithetic pairs. Program ``(j, t)``
+  contracts ``config.block_batch`` rows of both members of pair ``j`` (one
+  row when ``rows == 1``) with the pair's ``B`` factor vectors and writes
+  rows ``j * rows + token`` (pair-major, then the member's rows) of:
 
-  * ``keys``: uint32 ``(2, pop / 2)``, the stream multiplier and increment
-    of the pair's seed at high word ``word_hi`` (:func:`jaxnoise.noise.stream_keys`);
-  * ``coef``: float32 ``(r, 2, pop / 2)``,
-    ``s sigma scale^2 / sqrt(r) * (x_i . q(B_c))`` for the ``+`` and ``-`` member;
-  * ``bias_coef``: float32 ``(2, pop / 2)``, ``s sigma scale``.
+  * ``keys``: uint32 ``(2, pop / 2 * rows)``, the stream multiplier and
+    increment of the pair's seed at high word ``word_hi``
+    (:func:`jaxnoise.noise.stream_keys`), the same on each of a pair's rows;
+  * ``coef``: float32 ``(r, 2, pop / 2 * rows)``,
+    ``s sigma scale^2 / sqrt(r) * (x_i[row] . q(B_c))`` for the ``+`` and ``-`` member;
+  * ``bias_coef``: float32 ``(2, pop / 2 * rows)``, ``s sigma scale``.
 
   No XLA work is left between this kernel and the GEMM.
   """
-  pop, _, n_reduce = x.shape
+  pop, rows, n_reduce = x.shape
   n_pairs = pop // 2
-  config = dataclasses.replace(config, block_batch=1)
+  if rows == 1:
+    config = dataclasses.replace(config, block_batch=1)
   kernel = functools.partial(_fused_operands_kernel, reduce_layout=reduce_layout, rank=rank,
-                             n_reduce=n_reduce, word_hi=word_hi, config=config)
+                             rows=rows, n_reduce=n_reduce, word_hi=word_hi, config=config)
+  n_rows = n_pairs * rows
   return _pallas.pallas_call(
       kernel,
-      out_shape=(jax.ShapeDtypeStruct((2, n_pairs), _U32),
-                 jax.ShapeDtypeStruct((rank, 2, n_pairs), _F32),
-                 jax.ShapeDtypeStruct((2, n_pairs), _F32)),
-      grid=(n_pairs,),
+      out_shape=(jax.ShapeDtypeStruct((2, n_rows), _U32),
+                 jax.ShapeDtypeStruct((rank, 2, n_rows), _F32),
+                 jax.ShapeDtypeStruct((2, n_rows), _F32)),
+      grid=(n_pairs, pl.cdiv(rows, config.block_batch)),
       interpret=interpret,
       compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
       name="virtual_low_rank_fused_operands",

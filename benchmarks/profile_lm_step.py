@@ -1,0 +1,98 @@
+"""Device time of the LM's ES step and of batch inference, split by kernel (GPU).
+
+The byte-level transformer of :mod:`lm_model` (``bench_lm.py``'s model), one
+population: the ES step (ask, fused population forward, gradient estimate,
+Adam) and batch inference of as many tokens, each profiled with CUPTI
+(:func:`_harness.device_busy`); the kernels are grouped by name and the largest
+printed, so the step's extra time over inference can be read per kernel.
+
+    python benchmarks/profile_lm_step.py --dtype bfloat16 --pop 16384 --rank 1 --out OUT
+
+Writes ``<out>/lm_profile_<dtype>_r<rank>.json``. Needs PyTorch with CUDA
+(CUPTI); elsewhere it prints that there is nothing to profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
+import jaxnoise  # noqa: E402
+import lm_model  # noqa: E402
+
+
+def profiles(config: lm_model.LMConfig, pop: int, rank: int | None, tokens_per_chunk: int,
+             calls: int) -> dict:
+  """``{"step": busy, "inference": busy}`` (:func:`_harness.device_busy` records)."""
+  model = lm_model.TransformerLM(config, rngs=nnx.Rngs(0))
+  es = jaxnoise.optim.evolution_strategy(sigma=0.01, optimizer=optax.adam(1e-3), pop_size=pop,
+                                         rank=rank)
+  es_state = es.init(model)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  chunk = lm_model.chunk_members(pop, config.context, tokens_per_chunk)
+  step = jax.jit(lm_model.make_es_step(es, graphdef, chunk=chunk))  # no donation: re-callable
+  sequences = jax.random.randint(jax.random.key(1), (1, config.context + 1), 0,
+                                 config.vocab_size, jnp.int32)
+  out = {"step": _harness.device_busy(step, params, rest, es_state, sequences, calls=calls)}
+
+  full_graphdef, state = nnx.split(model)
+  population_sequences = jax.random.randint(
+      jax.random.key(2), (pop // chunk, chunk, 1, config.context + 1), 0, config.vocab_size,
+      jnp.int32)
+
+  @jax.jit
+  def population_loss(state, sequences):
+    member = nnx.merge(full_graphdef, state)
+    return jnp.mean(jax.lax.map(
+        jax.vmap(functools.partial(lm_model.next_byte_loss, member)), sequences))
+
+  out["inference"] = _harness.device_busy(population_loss, state, population_sequences,
+                                          calls=calls)
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+  parser.add_argument("--pop", type=int, default=16384)
+  parser.add_argument("--rank", default="1", help="an integer, or full")
+  parser.add_argument("--tokens-per-chunk", type=int, default=1 << 20)
+  parser.add_argument("--calls", type=int, default=3)
+  parser.add_argument("--top", type=int, default=25, help="kernels printed per profile")
+  parser.add_argument("--multi-row-fused", action="store_true",
+                      help="let members of 64k rows take the fused Mosaic GEMM "
+                           "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS)")
+  parser.add_argument("--out", default="benchmarks/out")
+  args = parser.parse_args(argv)
+  rank = None if args.rank == "full" else int(args.rank)
+  if args.multi_row_fused:
+    from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank  # pylint: disable=g-import-not-at-top
+    mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = True
+  config = lm_model.LMConfig(dtype=args.dtype)
+  result = profiles(config, args.pop, rank, args.tokens_per_chunk, args.calls)
+  if result["step"] is None:
+    print("no CUPTI (PyTorch with CUDA) on this machine: nothing to profile")
+    return
+  for name, busy in result.items():
+    print(f"== {name}: {busy['busy_ms']:.2f} ms device, {len(busy['kernels'])} kernel names")
+    for kernel, ms in sorted(busy["kernels"].items(), key=lambda kv: -kv[1])[:args.top]:
+      print(f"  {ms:9.3f}  {kernel}")
+  os.makedirs(args.out, exist_ok=True)
+  _harness.write_json(os.path.join(args.out, f"lm_profile_{args.dtype}_r{args.rank}.json"),
+                      {"facts": _harness.device_facts(), "pop": args.pop, **result})
+
+
+if __name__ == "__main__":
+  main()
