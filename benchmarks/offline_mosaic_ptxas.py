@@ -1,11 +1,12 @@
 """ptxas's report on the fused Mosaic GPU GEMM, without a GPU: registers, spills, wgmma serialisation.
 
     python benchmarks/offline_mosaic_ptxas.py --plugin PATH/xla_cuda_plugin.so \\
-        bf16:1 bf16:4 f32:1 [--field gemm_stages=3 ...] [--offset 4294967301]
+        bf16:1 bf16:4 f32:1 [--field gemm_stages=3 ...] [--offset 4294967301] [--rows 64]
 
 Each case ``DTYPE:RANK`` lowers :func:`mosaic_gpu_low_rank.fused_forward` for
 EGGROLL's layer (1024 members x one row, (8192, 8192), antithetic, no bias;
-``LowRankLinearConfig()`` with the ``--field`` overrides) for CUDA on this
+``LowRankLinearConfig()`` with the ``--field`` overrides; ``--rows R``: members
+of ``R`` rows instead, ``1024 / R`` of them, with a bias) for CUDA on this
 machine, and compiles it for an H200 with the XLA of a PJRT CUDA plugin
 (:class:`compile_offline.DevicelessCompiler`; ``jax-cuda13-pjrt`` 0.11.2 is the
 GPU machine's). The plugin compiles the Mosaic GPU module itself (LLVM, then
@@ -45,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 
 
-def lower_case(case: str, fields: dict, offset: int = 0):
+def lower_case(case: str, fields: dict, offset: int = 0, rows: int = 1):
   """``jax.stages.Lowered`` (for CUDA) of the fused forward of EGGROLL's layer for ``case``."""
   sys.path.insert(0, os.path.dirname(HERE))
   import jax  # pylint: disable=g-import-not-at-top
@@ -57,28 +58,29 @@ def lower_case(case: str, fields: dict, offset: int = 0):
 
   dtype_name, rank = case.split(":")
   dtype, rank = jnp.dtype(DTYPES[dtype_name]), int(rank)
-  pop, width = 1024, 8192
+  pop, width = 1024 // rows, 8192
+  n_rows = pop // 2 * rows  # the per-row operands' length
   config = dataclasses.replace(config_lib.LowRankLinearConfig(fused_gemm=True), **fields)
 
-  def forward(x, weight, keys, coef, bias_coef):
-    return fused.fused_forward(x, weight, None, offset, (keys, coef, bias_coef),
-                               kind=noise_lib.get_kind("binomial"), rank=rank, out_dtype=dtype,
-                               config=config, num_sms=132)
+  def forward(x, weight, bias, keys, coef, bias_coef):
+    return fused.fused_forward(x, weight, bias if rows > 1 else None, offset,
+                               (keys, coef, bias_coef), kind=noise_lib.get_kind("binomial"),
+                               rank=rank, out_dtype=dtype, config=config, num_sms=132)
 
   avals = [jax.ShapeDtypeStruct(shape, kind) for shape, kind in [
-      ((pop, 1, width), dtype), ((width, width), dtype), ((2, pop // 2), jnp.uint32),
-      ((rank, 2, pop // 2), jnp.float32), ((2, pop // 2), jnp.float32)]]
+      ((pop, rows, width), dtype), ((width, width), dtype), ((width,), jnp.float32),
+      ((2, n_rows), jnp.uint32), ((rank, 2, n_rows), jnp.float32), ((2, n_rows), jnp.float32)]]
   return jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",))
 
 
-def _compile_one(plugin: str, case: str, fields: dict, offset: int) -> None:
+def _compile_one(plugin: str, case: str, fields: dict, offset: int, rows: int) -> None:
   """In a subprocess: lower one case and compile it deviceless (ptxas prints to stderr)."""
   sys.path.insert(0, HERE)
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
 
   import compile_offline  # pylint: disable=g-import-not-at-top
 
-  lowered = lower_case(case, fields, offset)
+  lowered = lower_case(case, fields, offset, rows)
   options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
   start = time.perf_counter()
   try:
@@ -118,6 +120,8 @@ def main(argv=None):
   parser.add_argument("--field", action="append", default=[],
                       help="LowRankLinearConfig override, e.g. gemm_stages=3")
   parser.add_argument("--offset", type=int, default=0, help="the layer's first noise index")
+  parser.add_argument("--rows", type=int, default=1,
+                      help="rows per member (1, or a multiple of 64)")
   parser.add_argument("--sass", metavar="DIR",
                       help="keep the PTX and write the SASS of each case here")
   parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -125,11 +129,11 @@ def main(argv=None):
   args = parser.parse_args(argv)
   fields = dict(parse_field(text) for text in args.field)
   if args.child:
-    _compile_one(args.plugin, args.child, fields, args.offset)
+    _compile_one(args.plugin, args.child, fields, args.offset, args.rows)
     return
   for case in args.cases:
     command = [sys.executable, os.path.abspath(__file__), "--plugin", args.plugin,
-               "--offset", str(args.offset), "--child", case] + [
+               "--offset", str(args.offset), "--rows", str(args.rows), "--child", case] + [
                    f"--field={text}" for text in args.field]
     env = {**os.environ, "MOSAIC_GPU_DUMP_PTXAS": "1"}
     dump = None
@@ -148,7 +152,8 @@ def main(argv=None):
     if not report:
       print(f"{case}: no ptxas report (exit {result.returncode})\n{result.stderr[-2000:]}")
       continue
-    print(f"{case} offset={args.offset} {' '.join(args.field)}: {summary(report)}", flush=True)
+    print(f"{case} offset={args.offset} rows={args.rows} {' '.join(args.field)}: "
+          f"{summary(report)}", flush=True)
     if dump:
       print(f"  {disassemble(dump)}", flush=True)
 

@@ -236,6 +236,16 @@ def test_offline_finite_check_lowers_each_form_for_cuda(form):
   assert ("is_finite" in text) == (form != "no-check")
 
 
+@pytest.mark.parametrize("rows", [1, 64])
+def test_offline_mosaic_ptxas_lowers_its_case_for_cuda(rows):
+  """``offline_mosaic_ptxas.py`` lowers the fused GEMM of one-row and 64-row members for CUDA
+  on any machine (its deviceless compile needs the PJRT plugin and ptxas)."""
+  text = _benchmark_module("offline_mosaic_ptxas").lower_case("bf16:2", {}, (1 << 40) + 3,
+                                                            rows).as_text()
+  assert "mosaic_gpu" in text
+  assert f"{1024 // rows}x{rows}x8192xbf16" in text
+
+
 @pytest.mark.parametrize("config", ["xla_gemm", "default"])
 def test_offline_es_passes_lowers_the_update_as_on_a_gpu(config):
   """``offline_es_passes.py`` lowers the update for CUDA on any machine, with the tile

@@ -22,9 +22,9 @@ operands (keys, coefficients) are per row, pair-major, in both layouts. The
 epilogue then hashes ``A``'s values as a vector in the layout of the
 accumulator's columns (64 columns at a time) and broadcasts it over the 64
 rows: each thread hashes the columns it holds, half the values of hashing
-per element (as a tile of 64 pairs must). (Lowered for
-CUDA on a CPU for every kind and dtype; not yet compiled on a GPU, so it is
-off until :data:`MULTI_ROW_MEMBERS` is turned on.)
+per element (as a tile of 64 pairs must). (Lowered and compiled for sm_90a
+without a device; not yet run on a GPU, so it is off until
+:data:`MULTI_ROW_MEMBERS` is turned on.)
 
 One row per member: the pair shares its noise, so the GEMM keeps the pair's two rows in two
 accumulators: ``x`` is viewed (for free) as ``(pop / 2, 2 * in)``, whose
@@ -92,9 +92,10 @@ _F32 = jnp.float32
 # Antithetic pairs per tile: one wgmma row group of 64 per sign.
 TILE_PAIRS = 64
 # Members of 64k rows take the fused GEMM only when this is True. Their kernel lowers for
-# CUDA on a CPU (every kind and dtype, tests/test_low_rank.py) but has not been compiled on
-# a GPU yet (session 29 had no device time left): benchmarks/gpu_session29_run5.sh runs its
-# compiled tests and times the LM with it, and this turns on once they pass.
+# CUDA on a CPU (every kind and dtype, tests/test_low_rank.py) and compiles for sm_90a
+# without a device (benchmarks/RESULTS.md, session 29), but has not run on a GPU yet:
+# benchmarks/gpu_session29_run5.sh runs its compiled tests and times the LM with it, and
+# this turns on once they pass.
 MULTI_ROW_MEMBERS = False
 # Shared memory left to the pipeline's barriers.
 _BARRIER_BYTES = 4096
