@@ -485,8 +485,9 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
             for c in range(ahead))
         bias_q = None
         if member_rows > 1:
-          # One pair's rows: each noise value hashed once per column, in the layout of the
-          # accumulator's columns (keys of the pair's first `width` rows: all the pair's).
+          # One pair's rows: the noise hashed as a vector in the layout of the accumulator's
+          # columns, then broadcast over the rows (keys of the pair's first `width` rows:
+          # all the pair's).
           col_keys = [_mosaic.load_columns(keys_gmem.at[s, pl.ds(pair_row, width)])
                       for s in range(2)]
           col_index = lax.bitcast_convert_type(plgpu.broadcasted_iota(
@@ -609,7 +610,7 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
   pop, member_rows, in_features = x.shape
   out_features = weight.shape[0]
   keys, coef, bias_coef = operands
-  if member_rows > 1:  # the epilogue hashes each column once: nothing to hash ahead
+  if member_rows > 1:  # the epilogue hashes a column vector per chunk: nothing to hash ahead
     config = dataclasses.replace(config, gemm_noise_ahead=0)
   stages, store_cols, ahead = noise_ahead_plan(config, kind, rank, jnp.dtype(x.dtype).itemsize,
                                                jnp.dtype(out_dtype).itemsize)
