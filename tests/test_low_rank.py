@@ -584,6 +584,26 @@ def test_fused_forward_arithmetic_equals_dense_perturbation(rng, kind, offset, r
   np.testing.assert_allclose(y, expected, rtol=2e-5, atol=2e-5 * float(jnp.abs(expected).max()))
 
 
+@pytest.mark.parametrize("pop,rows", [(2, 64), (6, 64), (4, 128), (2, 192), (8, 320)])
+def test_member_rows_tiles_cover_every_row_once_with_its_pair(pop, rows):
+  """The 64-row tiles' index arithmetic (the kernel's own function), checked row by row."""
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  tile = fused.TILE_PAIRS
+  x_rows_read = []
+  for m in range(pop // 2 * rows // tile):
+    pair_row, plus_row = fused.member_rows_tile(m, rows)
+    for t in range(tile):
+      operand_row = m * tile + t  # the per-row keys and coefficients of this accumulator row
+      pair, token = divmod(operand_row, rows)
+      assert pair_row == pair * rows  # the column keys come from this pair's rows
+      assert pair_row + tile <= (pair + 1) * rows  # ... and the 64 loaded are all its own
+      for sign in range(2):  # x (and output) row of member 2 pair + sign, this token
+        row = plus_row + sign * rows + t
+        assert divmod(row, rows) == (2 * pair + sign, token)
+        x_rows_read.append(row)
+  assert sorted(x_rows_read) == list(range(pop * rows))
+
+
 def test_swar_popcount_equals_lax(rng):
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   words = jnp.asarray(np.concatenate([rng.integers(0, 1 << 32, 4096, dtype=np.uint64),

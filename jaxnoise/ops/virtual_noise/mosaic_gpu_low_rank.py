@@ -268,6 +268,32 @@ def noise_ahead_plan(config: config_lib.LowRankLinearConfig, kind: noise_lib.Noi
   return (*shared_memory_plan(config, itemsize, out_itemsize), 0)
 
 
+def member_rows_tile(m_index, member_rows: int):
+  """Where row tile ``m_index`` of members of ``member_rows`` rows (a multiple of 64) reads.
+
+  The per-row operands are pair-major (row ``j * member_rows + t`` is pair
+  ``j``'s row ``t``), and tile ``m`` covers their rows ``64 m .. 64 m + 63``:
+  rows ``t .. t + 63`` of one pair ``j``. In ``x`` viewed as
+  ``(pop * member_rows, in)`` its ``+`` member's rows start at ``2 j
+  member_rows + t`` and its ``-`` member's ``member_rows`` further.
+
+  Args:
+    m_index: the tile (an int, or a traced int32 in the kernel).
+    member_rows: rows per member.
+
+  Returns:
+    ``(pair_row, plus_row)``: the pair's first row of the per-row operands
+    (``j * member_rows``) and the tile's first row of ``x`` for the ``+``
+    member.
+
+  Example:
+    >>> [member_rows_tile(m, 128) for m in range(4)]
+    [(0, 0), (0, 64), (128, 256), (128, 320)]
+  """
+  pair_row = (m_index // (member_rows // TILE_PAIRS)) * member_rows
+  return pair_row, m_index * TILE_PAIRS + pair_row
+
+
 def ahead_schedule(n_steps: int, n_pieces: int) -> tuple[int, int]:
   """``(per_step, spacing)``: the main loop hashes ``per_step`` pieces at every ``spacing``-th step.
 
@@ -431,9 +457,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         out_rows = lambda sign, cols: out_gmem.at[pairs_at, pl.ds(sign * n_out + cols,
                                                                    store_cols)]
       else:
-        # Pair j's rows t..t+63: row 2 j rows + t of x (member +) and rows further (member -).
-        pair_row = (m_index // (member_rows // TILE_PAIRS)) * member_rows  # its first row
-        plus_row = pair0 + pair_row
+        pair_row, plus_row = member_rows_tile(m_index, member_rows)
         x_rows = tuple(x_gmem.at[pl.ds(plus_row + sign * member_rows, TILE_PAIRS)]
                        for sign in range(2))
         out_rows = lambda sign, cols: out_gmem.at[
