@@ -15,7 +15,8 @@ Each population runs with rank-1 and rank-4 noise on every linear kernel and
 with full-rank noise (``rank=None``), and first as plain batch inference (the
 floor, as in EGGROLL's benchmark): the unperturbed model's loss on ``pop``
 distinct minibatches of the same size, chunked the same way, so each ES step
-is also reported as a fraction of inference throughput at its population. Full rank regenerates ``pop x params``
+is also reported as a fraction of inference throughput at its population.
+Full rank regenerates ``pop x params``
 noise values twice per step, so it is skipped where the step time measured
 at a smaller population predicts more than ``--case-budget`` seconds, and a
 case that fails (out of memory) is recorded, not raised, so the table always
@@ -71,10 +72,15 @@ def _peak_device_bytes() -> int | None:
   return stats.get("peak_bytes_in_use")
 
 
-def step_case(config: lm_model.LMConfig, pop: int, rank: int | None, batch: int,
-              tokens_per_chunk: int, implementation: str, repeats: int,
-              case_seconds: float) -> dict:
-  """Compile and time one ES generation; returns the case's record."""
+def es_step_setup(config: lm_model.LMConfig, pop: int, rank: int | None, batch: int,
+                  tokens_per_chunk: int, implementation: str = "auto", donate: bool = True):
+  """One ES generation of a fresh model, jitted, and its arguments.
+
+  Returns:
+    ``(step, args, chunk, model)``: ``step(*args)`` returns ``(params,
+    es_state, mean_loss)`` (:func:`lm_model.make_es_step`), donating the
+    parameters and the ES state when ``donate``.
+  """
   model = lm_model.TransformerLM(config, rngs=nnx.Rngs(0))
   es = jaxnoise.optim.evolution_strategy(
       sigma=0.01, optimizer=optax.adam(1e-3), pop_size=pop, rank=rank,
@@ -82,9 +88,45 @@ def step_case(config: lm_model.LMConfig, pop: int, rank: int | None, batch: int,
   es_state = es.init(model)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   chunk = lm_model.chunk_members(pop, batch * config.context, tokens_per_chunk)
-  step = jax.jit(lm_model.make_es_step(es, graphdef, chunk=chunk), donate_argnums=(0, 2))
+  step = jax.jit(lm_model.make_es_step(es, graphdef, chunk=chunk),
+                 donate_argnums=(0, 2) if donate else ())
   sequences = jax.random.randint(jax.random.key(1), (batch, config.context + 1), 0,
                                  config.vocab_size, jnp.int32)
+  return step, (params, rest, es_state, sequences), chunk, model
+
+
+def inference_setup(config: lm_model.LMConfig, pop: int, batch: int, tokens_per_chunk: int):
+  """The floor, jitted, and its arguments: the unperturbed model's loss on ``pop`` minibatches.
+
+  The same tokens per member and the same chunks as :func:`es_step_setup`,
+  one ``vmap`` over a chunk's members (XLA folds it into the matmuls' rows),
+  each member its own random sequences; no noise, no update.
+
+  Returns:
+    ``(population_loss, args, chunk)``: ``population_loss(*args)`` is the mean loss.
+  """
+  graphdef, state = nnx.split(lm_model.TransformerLM(config, rngs=nnx.Rngs(0)))
+  chunk = lm_model.chunk_members(pop, batch * config.context, tokens_per_chunk)
+  sequences = jax.random.randint(jax.random.key(2),
+                                 (pop // chunk, chunk, batch, config.context + 1), 0,
+                                 config.vocab_size, jnp.int32)
+
+  @jax.jit
+  def population_loss(state, sequences):
+    member = nnx.merge(graphdef, state)
+    losses = jax.lax.map(jax.vmap(functools.partial(lm_model.next_byte_loss, member)),
+                         sequences)
+    return jnp.mean(losses)
+
+  return population_loss, (state, sequences), chunk
+
+
+def step_case(config: lm_model.LMConfig, pop: int, rank: int | None, batch: int,
+              tokens_per_chunk: int, implementation: str, repeats: int,
+              case_seconds: float) -> dict:
+  """Compile and time one ES generation; returns the case's record."""
+  step, (params, rest, es_state, sequences), chunk, model = es_step_setup(
+      config, pop, rank, batch, tokens_per_chunk, implementation)
 
   start = time.perf_counter()
   compiled = step.lower(params, rest, es_state, sequences).compile()
@@ -121,35 +163,17 @@ def step_case(config: lm_model.LMConfig, pop: int, rank: int | None, batch: int,
 
 def inference_case(config: lm_model.LMConfig, pop: int, batch: int, tokens_per_chunk: int,
                    repeats: int, case_seconds: float) -> dict:
-  """Time the floor: the unperturbed model's loss on ``pop`` distinct minibatches.
-
-  The same tokens per member and the same chunks as :func:`step_case`, one
-  ``vmap`` over a chunk's members (XLA folds it into the matmuls' rows), no
-  noise, no update.
-  """
-  model = lm_model.TransformerLM(config, rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(model)
-  chunk = lm_model.chunk_members(pop, batch * config.context, tokens_per_chunk)
-  sequences = jax.random.randint(jax.random.key(2),
-                                 (pop // chunk, chunk, batch, config.context + 1), 0,
-                                 config.vocab_size, jnp.int32)
-
-  @jax.jit
-  def population_loss(state, sequences):
-    member = nnx.merge(graphdef, state)
-    losses = jax.lax.map(jax.vmap(functools.partial(lm_model.next_byte_loss, member)),
-                         sequences)
-    return jnp.mean(losses)
-
+  """Compile and time the floor (:func:`inference_setup`); returns the case's record."""
+  population_loss, args, chunk = inference_setup(config, pop, batch, tokens_per_chunk)
   start = time.perf_counter()
-  compiled = population_loss.lower(state, sequences).compile()
+  compiled = population_loss.lower(*args).compile()
   compile_seconds = time.perf_counter() - start
-  jax.block_until_ready(compiled(state, sequences))
+  jax.block_until_ready(compiled(*args))
   times = []
   deadline = time.perf_counter() + case_seconds
   while len(times) < repeats and (not times or time.perf_counter() < deadline):
     start = time.perf_counter()
-    jax.block_until_ready(compiled(state, sequences))
+    jax.block_until_ready(compiled(*args))
     times.append(time.perf_counter() - start)
   seconds = statistics.median(times)
   return {"pop": pop, "rank": "inference", "chunk": chunk, "batch": batch,
@@ -281,8 +305,8 @@ def main(argv=None):
                        "results": results})
   plot(results, os.path.join(args.out, "lm_step.png"))
   print(_harness.table(results, ["case", "chunk", "step_ms", "generations_per_s",
-                                 "tokens_per_s", "of_inference", "compile_s", "temp_gib", "device_peak_gib",
-                                 "skipped", "error"]))
+                                 "tokens_per_s", "of_inference", "compile_s", "temp_gib",
+                                 "device_peak_gib", "skipped", "error"]))
 
 
 if __name__ == "__main__":

@@ -15,51 +15,26 @@ Writes ``<out>/lm_profile_<dtype>_r<rank>.json``. Needs PyTorch with CUDA
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
-
-import jax
-import jax.numpy as jnp
-import optax
-from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _harness  # noqa: E402  pylint: disable=g-import-not-at-top
-import jaxnoise  # noqa: E402
+import bench_lm  # noqa: E402
 import lm_model  # noqa: E402
 
 
 def profiles(config: lm_model.LMConfig, pop: int, rank: int | None, tokens_per_chunk: int,
              calls: int) -> dict:
-  """``{"step": busy, "inference": busy}`` (:func:`_harness.device_busy` records)."""
-  model = lm_model.TransformerLM(config, rngs=nnx.Rngs(0))
-  es = jaxnoise.optim.evolution_strategy(sigma=0.01, optimizer=optax.adam(1e-3), pop_size=pop,
-                                         rank=rank)
-  es_state = es.init(model)
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  chunk = lm_model.chunk_members(pop, config.context, tokens_per_chunk)
-  step = jax.jit(lm_model.make_es_step(es, graphdef, chunk=chunk))  # no donation: re-callable
-  sequences = jax.random.randint(jax.random.key(1), (1, config.context + 1), 0,
-                                 config.vocab_size, jnp.int32)
-  out = {"step": _harness.device_busy(step, params, rest, es_state, sequences, calls=calls)}
-
-  full_graphdef, state = nnx.split(model)
-  population_sequences = jax.random.randint(
-      jax.random.key(2), (pop // chunk, chunk, 1, config.context + 1), 0, config.vocab_size,
-      jnp.int32)
-
-  @jax.jit
-  def population_loss(state, sequences):
-    member = nnx.merge(full_graphdef, state)
-    return jnp.mean(jax.lax.map(
-        jax.vmap(functools.partial(lm_model.next_byte_loss, member)), sequences))
-
-  out["inference"] = _harness.device_busy(population_loss, state, population_sequences,
-                                          calls=calls)
-  return out
+  """``{"step": busy, "inference": busy}`` (:func:`_harness.device_busy` records) of
+  ``bench_lm.py``'s step and floor, one sequence per member."""
+  step, step_args, _, _ = bench_lm.es_step_setup(config, pop, rank, 1, tokens_per_chunk,
+                                                 donate=False)  # re-callable
+  population_loss, loss_args, _ = bench_lm.inference_setup(config, pop, 1, tokens_per_chunk)
+  return {"step": _harness.device_busy(step, *step_args, calls=calls),
+          "inference": _harness.device_busy(population_loss, *loss_args, calls=calls)}
 
 
 def main(argv=None):

@@ -489,7 +489,8 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         first = 0 if sl == slice(None) else sl.start
         if hoisted is None:
           pair = lambda ref: per_pair(ref.at[pairs_at], width)
-          keys = [pair(keys_gmem.at[s]) for s in range(2)]
+          # One pair's rows hash from column vectors (below): no per-row keys or columns.
+          keys = [pair(keys_gmem.at[s]) if member_rows == 1 else None for s in range(2)]
           coefs = [[pair(coef_gmem.at[c, s]) for s in range(2)] for c in range(len(a_starts))]
           bias_coefs = None if bias_start is None else [
               pair(bias_coef_gmem.at[s]) for s in range(2)]
@@ -498,7 +499,8 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
           keys = [pair(v) for v in hoisted["keys"]]
           coefs = [[pair(v) for v in c] for c in hoisted["coefs"]]
           bias_coefs = None if bias_start is None else [pair(v) for v in hoisted["bias_coefs"]]
-        cols = col_iota(width) + lax.convert_element_type(col0 + first, _U32)
+        cols = (col_iota(width) + lax.convert_element_type(col0 + first, _U32)
+                if member_rows == 1 else None)
         bias = None
         if bias_start is not None:
           bias = lax.broadcast_in_dim(
