@@ -18,13 +18,14 @@ Members of several rows (``rows`` a multiple of 64, e.g. a sequence's
 tokens): ``x`` is viewed as ``(pop * rows, in)`` and a tile is 64 rows of one
 pair, its ``+`` member's rows and the ``-`` member's same rows (``rows`` further
 down), so the tile's noise is the pair's ``A`` row for every row; the
-operands (keys, coefficients) are per row, pair-major, in both layouts. The
-epilogue then hashes ``A``'s values as a vector in the layout of the
-accumulator's columns (64 columns at a time) and broadcasts it over the 64
-rows: each thread hashes the columns it holds, half the values of hashing
-per element (as a tile of 64 pairs must). (Lowered and compiled for sm_90a
-without a device; not yet run on a GPU, so it is off until
-:data:`MULTI_ROW_MEMBERS` is turned on.)
+operands (keys, coefficients) are per row, pair-major, in both layouts. After
+the main loop each warpgroup hashes the pair's noise vectors (``A``'s
+components and the bias's) over its columns once, one value a thread, into
+shared memory, and the epilogue reads them back in the layout of the
+accumulator's columns and broadcasts them over the 64 rows: 1/64 of the
+hashing per element (a tile of 64 pairs must hash every element). (Lowered
+and compiled for sm_90a without a device; not yet run on a GPU, so it is off
+until :data:`MULTI_ROW_MEMBERS` is turned on.)
 
 One row per member: the pair shares its noise, so the GEMM keeps the pair's two rows in two
 accumulators: ``x`` is viewed (for free) as ``(pop / 2, 2 * in)``, whose
@@ -72,7 +73,6 @@ this GPU, so the fused path takes float32 only where
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -232,6 +232,17 @@ def shared_memory_plan(config: config_lib.LowRankLinearConfig, itemsize: int,
   return 0, 0
 
 
+def column_noise_bytes(config: config_lib.LowRankLinearConfig, rank: int,
+                       with_bias: bool) -> int:
+  """Shared memory of a pair's noise vectors (members of 64k rows): float32 per column.
+
+  Example:
+    >>> column_noise_bytes(config_lib.LowRankLinearConfig(), 4, True)
+    5120
+  """
+  return _COMPUTE_WARPGROUPS * (rank + with_bias) * config.gemm_tile_n * 4
+
+
 def code_piece_cols(kind: noise_lib.NoiseKind) -> int:
   """Columns of one piece of codes hashed ahead: 32-byte rows (Mosaic's narrowest swizzle).
 
@@ -346,7 +357,9 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
     return f"rank {rank} > {config_lib.MAX_KERNEL_RANK}"
   if not window_fits(offset, n_indices):
     return "the layer's noise indices cross a multiple of 2**32"
-  if shared_memory_plan(config, x_dtype.itemsize, jnp.dtype(out_dtype).itemsize)[0] < 2:
+  reserved = 0 if x_shape[1] == 1 else column_noise_bytes(config, rank, True)
+  if shared_memory_plan(config, x_dtype.itemsize, jnp.dtype(out_dtype).itemsize,
+                        reserved)[0] < 2:
     return "the tiles do not fit twice in shared memory"
   return None
 
@@ -403,6 +416,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   m_tiles, n_tiles = n_rows // TILE_PAIRS, n_out // cta_n
   n_steps = depth // tile_k
   a_stride = n_out + depth  # component c's A starts c * (out + in) after component 0's
+  column_starts = a_starts + (() if bias_start is None else (bias_start,))
   # Codes hashed ahead: (64, piece_cols) pieces of 32-byte rows.
   code_dtype = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[kind.code_bits]
   piece_cols = code_piece_cols(kind)
@@ -438,8 +452,10 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
           (_COMPUTE_WARPGROUPS, ahead, TILE_PAIRS, tile_n), code_dtype,
           transforms=(plgpu.TilingTransform((8, piece_cols)),
                       plgpu.SwizzleTransform(code_swizzle))))),
+      **({} if member_rows == 1 else dict(column_noise_smem=plgpu.SMEM(
+          (_COMPUTE_WARPGROUPS, len(column_starts), tile_n), _F32))),
       collective_axes="wg")
-  def _scope(allocations, out_smem, codes_smem=None):
+  def _scope(allocations, out_smem, codes_smem=None, column_noise_smem=None):
     wg = lax.axis_index("wg")
 
     @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
@@ -511,22 +527,32 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
             for c in range(ahead))
         bias_q = None
         if member_rows > 1:
-          # One pair's rows: the noise hashed as a vector in the layout of the accumulator's
-          # columns, then broadcast over the rows (keys of the pair's first `width` rows:
-          # all the pair's).
-          col_keys = [_mosaic.load_columns(keys_gmem.at[s, pl.ds(pair_row, width)])
-                      for s in range(2)]
-          col_index = lax.bitcast_convert_type(plgpu.broadcasted_iota(
-              jnp.int32, (width,), 0, layout=plgpu.Layout.WGMMA.reduce(0)), _U32)
-          col_index = col_index + lax.convert_element_type(col0 + first, _U32)
-          spread = lambda q: lax.broadcast_in_dim(q, (TILE_PAIRS, width), [1])
-          leading_q = tuple(spread(tile_noise(kind, index_hi, start, col_index, *col_keys))
-                            for start in a_starts)
+          # One pair's rows: the pair's noise vectors (hash_pair_columns), read in the layout
+          # of the accumulator's columns and broadcast over the rows.
+          spread = lambda v: lax.broadcast_in_dim(
+              _mosaic.load_columns(column_noise_smem.at[wg, v, pl.ds(first, width)]),
+              (TILE_PAIRS, width), [1])
+          leading_q = tuple(spread(v) for v in range(len(a_starts)))
           if bias_start is not None:
-            bias_q = spread(tile_noise(kind, index_hi, bias_start, col_index, *col_keys))
+            bias_q = spread(len(a_starts))
         return add_pair_noise((accs[0][:, sl], accs[1][:, sl]), cols, *keys, coefs, bias,
                               bias_coefs, kind=kind, index_hi=index_hi, a_starts=a_starts,
                               bias_start=bias_start, leading_q=leading_q, bias_q=bias_q)
+
+      def hash_pair_columns():
+        """One pair's rows: its noise vectors (``A``'s components, the bias's) over the
+        warpgroup's ``tile_n`` columns to shared memory, each value hashed by one thread."""
+        strided = plgpu.Layout.WG_STRIDED((tile_n,), vec_size=1)
+        cols = lax.bitcast_convert_type(
+            plgpu.broadcasted_iota(jnp.int32, (tile_n,), 0, layout=strided), _U32)
+        cols = cols + lax.convert_element_type(col0, _U32)
+        # Every row of a pair has the pair's keys: the first row's, as scalars.
+        keys = [lax.broadcast_in_dim(keys_gmem[s, pair_row], (tile_n,), ()) for s in range(2)]
+        # The previous tile's reads of these vectors are done (one warpgroup barrier).
+        plgpu.commit_smem()
+        for v, start in enumerate(column_starts):
+          column_noise_smem[wg, v] = tile_noise(kind, index_hi, start, cols, *keys)
+        plgpu.commit_smem()
 
       # With codes hashed ahead, the per-pair vectors are loaded before the main loop (its
       # hashing needs the keys; the epilogue's chunks share them all), set by `context`.
@@ -540,12 +566,14 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                            minus_ref=plgpu.ACC(shape, _F32))
         def _accumulate(plus_ref, minus_ref):
           run_pipeline((plus_ref, minus_ref))
+          if member_rows > 1:
+            hash_pair_columns()
           accs = (plus_ref[...], minus_ref[...])
           # Without codes hashed ahead the whole tile's noise is formed first (as
           # measured in sessions 12-26); with them a store chunk at a time, so each
           # chunk's codes are loaded just before they are used.
           # The codes are read a piece wide at least (a piece may span store chunks).
-          # One pair's rows: chunks of 64 columns, whose keys are the pair's first 64 rows'.
+          # One pair's rows: chunks of 64 columns (registers of the broadcast vectors).
           noise_cols = (max(store_cols, piece_cols) if ahead
                         else TILE_PAIRS if member_rows > 1 else tile_n)
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -636,10 +664,13 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
   pop, member_rows, in_features = x.shape
   out_features = weight.shape[0]
   keys, coef, bias_coef = operands
-  if member_rows > 1:  # the epilogue hashes a column vector per chunk: nothing to hash ahead
-    config = dataclasses.replace(config, gemm_noise_ahead=0)
-  stages, store_cols, ahead = noise_ahead_plan(config, kind, rank, jnp.dtype(x.dtype).itemsize,
-                                               jnp.dtype(out_dtype).itemsize)
+  itemsize, out_itemsize = jnp.dtype(x.dtype).itemsize, jnp.dtype(out_dtype).itemsize
+  if member_rows == 1:
+    stages, store_cols, ahead = noise_ahead_plan(config, kind, rank, itemsize, out_itemsize)
+  else:  # the pair's noise vectors hashed once per tile: nothing to hash ahead
+    stages, store_cols = shared_memory_plan(
+        config, itemsize, out_itemsize, column_noise_bytes(config, rank, bias is not None))
+    ahead = 0
   body = functools.partial(_forward_kernel, config=config, stages=stages, store_cols=store_cols,
                            ahead=ahead, member_rows=member_rows,
                            **_statics(kind, weight.shape, offset, rank, bias is not None))
