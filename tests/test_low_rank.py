@@ -516,6 +516,86 @@ def test_chunked_tiles_compiled_on_gpu(rng, kind, block_k):
       jnp.bfloat16))
 
 
+@pytest.mark.parametrize("splits,n_k", [(3, 100), (4, 64), (2, 48)])
+@pytest.mark.parametrize("ending", ["float32", "running sum", "bfloat16", "update"])
+def test_split_contraction_is_its_parts_summed_in_order(rng, splits, n_k, ending):
+  """``split_k`` parts of equal steps (the last one masked past ``n_k``): bit for bit the
+  parts' own contractions added in order in XLA, then the ending of one contraction."""
+  from jaxnoise.ops.virtual_noise import pallas_triton_low_rank  # pylint: disable=g-import-not-at-top
+  config = config_lib.LowRankGradientConfig(block_rows=16, block_cols=32, block_k=16,
+                                            num_stages=2, tf32=False, split_k=splits)
+  one = config_lib.LowRankGradientConfig(block_rows=16, block_cols=32, block_k=16,
+                                         num_stages=2, tf32=False)
+  a, b = _normal(rng, (37, n_k)), _normal(rng, (21, n_k))
+  part_k = -(-(-(-n_k // 16)) // splits) * 16
+  parts = [pallas_triton_low_rank.tile_products(a[:, k0:k0 + part_k], b[:, k0:k0 + part_k],
+                                                config=one, interpret=True)
+           for k0 in range(0, n_k, part_k)]
+  expected = parts[0]
+  for part in parts[1:]:
+    expected = expected + part
+  kwargs, total, weight = {}, _normal(rng, (37, 21)), _normal(rng, (37, 21), jnp.bfloat16)
+  if ending == "running sum":
+    kwargs, expected = dict(total=total), total + expected
+  elif ending == "bfloat16":
+    kwargs, expected = dict(out_dtype=jnp.bfloat16), expected.astype(jnp.bfloat16)
+  elif ending == "update":
+    kwargs = dict(update=(weight, jnp.array([0.5], jnp.float32)))
+    expected = (weight.astype(jnp.float32) + 0.5 * expected).astype(jnp.bfloat16)
+  got = pallas_triton_low_rank.tile_products(a, b, config=config, interpret=True, **kwargs)
+  assert got.dtype == expected.dtype
+  np.testing.assert_array_equal(got, expected)
+  np.testing.assert_allclose(
+      pallas_triton_low_rank.tile_products(a, b, config=config, interpret=True).astype(
+          jnp.float32), jnp.dot(a, b.T, precision=HIGHEST), rtol=1e-5, atol=1e-4)
+
+
+def test_split_gradient_rows_equal_the_whole_layers():
+  """The parts come from the whole layer's shape, so a shard's rows (``rows=``) are those
+  rows of the one-device gradient bit for bit; and the estimate is still the reference's."""
+  from jaxnoise.ops.virtual_noise import pallas_triton_low_rank  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  pop, shape, sigma, offset = 400, (70, 45), 0.3, (1 << 32) - 77
+  seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
+  config = config_lib.LowRankGradientConfig(block_rows=16, block_cols=32, block_k=16,
+                                            num_stages=2, tf32=False)
+  assert config.splits_for(*shape, 256 * 2) > 1  # 200 pairs, 256 aligned, rank 2
+  common = dict(shape=shape, sigma=sigma, pop_size=pop, offset=offset,
+                kind=noise_lib.get_kind("binomial"), antithetic=True, rank=2, config=config,
+                interpret=True)
+  whole = pallas_triton_low_rank.low_rank_gradient(fitness, seeds, **common)
+  for rows in ((5, 20), (16, 32), (60, 10)):
+    shard = pallas_triton_low_rank.low_rank_gradient(fitness, seeds, rows=rows, **common)
+    np.testing.assert_array_equal(shard, whole[rows[0]:rows[0] + rows[1]])
+  noise = noise_lib.virtual_noise(seeds, shape, offset, kind="binomial", antithetic=True,
+                                  rank=2)
+  want = jnp.einsum("p,pok->ok", fitness, noise, precision=HIGHEST) / (pop * sigma)
+  np.testing.assert_allclose(whole, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_split_gradient_compiled_on_gpu(rng, kind):
+  """The default config splits the contraction of a layer of few tiles (the LM's): compiled,
+  against the dense reference, and its rows shard bit for bit."""
+  pop, shape, sigma, offset = 2048, (512, 384), 0.05, (1 << 32) + 5
+  seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
+  config = config_lib.LowRankGradientConfig()
+  assert config.splits_for(*shape, 1024 * 2) > 1
+  whole = jax.jit(lambda f: jaxnoise.virtual_weight_gradient(
+      f, seeds, shape, sigma, pop, offset, kind=kind, antithetic=True, rank=2,
+      implementation="pallas", config=config))(fitness)
+  noise = noise_lib.virtual_noise(seeds, shape, offset, kind=kind, antithetic=True, rank=2)
+  want = jnp.einsum("p,pok->ok", fitness, noise, precision=HIGHEST) / (pop * sigma)
+  # TF32 operands (the default config): about 10 bits of each product.
+  np.testing.assert_allclose(whole, want, atol=3e-3 * float(jnp.abs(want).max()))
+  from jaxnoise.ops.virtual_noise import pallas_triton_low_rank  # pylint: disable=g-import-not-at-top
+  shard = jax.jit(lambda f: pallas_triton_low_rank.low_rank_gradient(
+      f, seeds, shape, sigma, pop, offset, kind=noise_lib.get_kind(kind), antithetic=True,
+      rank=2, config=config, rows=(64, 200)))(fitness)
+  np.testing.assert_array_equal(shard, whole[64:264])
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_vjp_matches_the_dense_perturbation(rng, shared):
   pop, batch, out_f, in_f, rank = 4, 3, 11, 37, 2

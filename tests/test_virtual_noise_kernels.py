@@ -452,7 +452,8 @@ def test_kernels_lower_to_triton():
                            bias=spec((37,), jnp.float32), seeds=seeds, sigma=sigma)))
       for gradient_config in (config_lib.LowRankGradientConfig(),
                               config_lib.LowRankGradientConfig(operand_dtype="bfloat16",
-                                                               tf32=False, block_rows=16)):
+                                                               tf32=False, block_rows=16),
+                              config_lib.LowRankGradientConfig(split_k=3)):
         cases.append((f"low-rank gradient tiles {kind_name} {offset} {gradient_config}",
                       functools.partial(pallas_triton_low_rank.low_rank_gradient,
                                         shape=(37, 129), pop_size=64, offset=offset, kind=kind,

@@ -442,6 +442,12 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
                              fused_gemm=fused_gemm)
 
 
+# LowRankGradientConfig.splits_for: programs a split contraction aims at (about four per
+# multiprocessor of an H100 / H200), and the fewest block_k steps a part keeps.
+SPLIT_PROGRAMS = 512
+SPLIT_MIN_STEPS = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class LowRankGradientConfig:
   """How the low-rank gradient estimate ``sum_i f_i A_i B_i^T`` runs.
@@ -487,6 +493,12 @@ class LowRankGradientConfig:
     num_warps: warps per program.
     num_stages: software-pipelining depth of the loop over ``chunk * r``.
     xla_gemm: one XLA GEMM per chunk instead of the kernel (see above).
+    split_k: the tile kernel's contraction in this many parts of equal
+      steps, each its own program, their float32 partial tiles summed in
+      order by XLA (``p_0 + p_1 + ...``), which then adds the running sum
+      or the step; None: :meth:`splits_for`. The parts depend on the whole
+      layer's shape, never on a shard's rows, so shards still equal the
+      one-device gradient bit for bit.
   """
 
   chunk: int | None = None
@@ -498,16 +510,45 @@ class LowRankGradientConfig:
   num_warps: int = 4
   num_stages: int = 3
   xla_gemm: bool = False
+  split_k: int | None = None
 
   def validate(self) -> "LowRankGradientConfig":
     if self.chunk is not None and self.chunk < 1:
       raise ValueError(f"chunk must be >= 1 or None, got {self.chunk}")
+    if self.split_k is not None and (not isinstance(self.split_k, int) or self.split_k < 1):
+      raise ValueError(f"split_k must be a positive int or None, got {self.split_k!r}")
     if self.operand_dtype not in ("float32", "bfloat16"):
       raise ValueError(
           f'operand_dtype must be "float32" or "bfloat16", got {self.operand_dtype!r}')
     _check_pow2(self, "block_rows", "block_cols", "block_k", minimum=16)
     _check_warps_stages(self)
     return self
+
+  def splits_for(self, out_features: int, in_features: int, n_k: int) -> int:
+    """The tile kernel's contraction parts for a ``(out, in)`` layer and ``n_k`` products.
+
+    ``split_k`` if set. Otherwise the heuristic: a layer of few tiles
+    (the LM's (512, 512) and (2048, 512) layers make 32 and 128 programs of
+    the default 64 x 128 blocks, one per multiprocessor at most, each
+    looping over tens of thousands of products) is split in powers of two
+    until it makes :data:`SPLIT_PROGRAMS` programs, while each part keeps
+    at least :data:`SPLIT_MIN_STEPS` steps of ``block_k``.
+
+    Example:
+      >>> config = LowRankGradientConfig()
+      >>> config.splits_for(512, 512, 16384), config.splits_for(2048, 512, 6400)
+      (16, 4)
+      >>> config.splits_for(8192, 8192, 1024), config.splits_for(512, 512, 256)
+      (1, 1)
+    """
+    if self.split_k is not None:
+      return self.split_k
+    programs = -(-out_features // self.block_rows) * -(-in_features // self.block_cols)
+    steps = -(-n_k // self.block_k)
+    splits = 1
+    while programs * splits < SPLIT_PROGRAMS and steps >= 2 * splits * SPLIT_MIN_STEPS:
+      splits *= 2
+    return splits
 
 
 # ----------------------------------------------------------------------------

@@ -370,11 +370,14 @@ _K_ALIGN = 64
 
 def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: int,
                           config: config_lib.LowRankGradientConfig, precision, update: bool,
-                          running: bool):
+                          running: bool, split_steps: int | None = None):
   """One ``(block_rows, block_cols)`` tile of ``a b^T``, summed over ``k`` in ``block_k`` steps.
 
   The steps are the same for every tile (masked loads add exact zeros past the
   ends), so an element's value does not depend on where its tile lies.
+  ``split_steps``: the contraction is split in parts of this many steps, part
+  ``program_id(2)`` here, stored as ``out_ref[part]`` (float32; no running
+  sum or update).
   ``running``: ``refs`` start with ``total_ref`` (float32), and the tile is
   ``total + acc`` (one float32 addition, as XLA's ``total + a b^T``).
   ``update``: ``refs`` then hold ``(step_ref, weight_ref)`` and the tile stored
@@ -388,10 +391,14 @@ def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: in
   block_rows, block_cols, block_k = config.block_rows, config.block_cols, config.block_k
   row0 = pl.program_id(0) * block_rows
   col0 = pl.program_id(1) * block_cols
+  n_steps = pl.cdiv(n_k, block_k) if split_steps is None else split_steps
+  step0 = 0 if split_steps is None else pl.program_id(2) * split_steps
   # Masks only where a dimension is ragged (static): unmasked loads vectorise fully.
   rows_ok = (row0 + jax.lax.iota(jnp.int32, block_rows)) < n_rows
   cols_ok = (col0 + jax.lax.iota(jnp.int32, block_cols)) < n_cols
-  ragged_rows, ragged_cols, ragged_k = n_rows % block_rows, n_cols % block_cols, n_k % block_k
+  ragged_rows, ragged_cols = n_rows % block_rows, n_cols % block_cols
+  ragged_k = (n_k % block_k if split_steps is None
+              else n_k != pl.cdiv(n_k, block_k * split_steps) * block_k * split_steps)
 
   def load(ref, start, size, ok, k0, k_ok):
     window = ref.at[pl.ds(start, size), pl.ds(k0, block_k)]
@@ -402,17 +409,23 @@ def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: in
     return _pallas.load(window, mask=jnp.broadcast_to(mask, (size, block_k)), other=0)
 
   def step(index, acc):
-    k0 = index * block_k
+    k0 = (step0 + index) * block_k
     k_ok = (k0 + jax.lax.iota(jnp.int32, block_k)) < n_k if ragged_k else None
     a = load(a_ref, row0, block_rows, rows_ok if ragged_rows else None, k0, k_ok)
     b = load(b_ref, col0, block_cols, cols_ok if ragged_cols else None, k0, k_ok)
     return acc + jax.lax.dot_general(a, b, _DIMS_NT, precision=precision,
                                      preferred_element_type=_F32)
 
-  acc = jax.lax.fori_loop(0, pl.cdiv(n_k, block_k), step,
-                          jnp.zeros((block_rows, block_cols), _F32))
+  acc = jax.lax.fori_loop(0, n_steps, step, jnp.zeros((block_rows, block_cols), _F32))
   tile = (pl.ds(row0, block_rows), pl.ds(col0, block_cols))
   mask = rows_ok[:, None] & cols_ok[None, :] if ragged_rows or ragged_cols else None
+  if split_steps is not None:  # this part's partial tile, float32
+    part_tile = (pl.ds(pl.program_id(2), 1),) + tile
+    if mask is None:
+      _pallas.store(out_ref.at[part_tile], acc[None])
+    else:
+      _pallas.store(out_ref.at[part_tile], acc[None], mask=mask[None])
+    return
   if running:
     acc = (_pallas.load(total_ref.at[tile]) if mask is None
            else _pallas.load(total_ref.at[tile], mask=mask, other=0)) + acc
@@ -425,6 +438,11 @@ def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: in
     _pallas.store(out_ref.at[tile], acc)
   else:
     _pallas.store(out_ref.at[tile], acc, mask=mask)
+
+
+def _tile_precision(a, config: config_lib.LowRankGradientConfig):
+  exact = a.dtype == _F32 and not config.tf32
+  return jax.lax.Precision.HIGHEST if exact else None
 
 
 def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=False,
@@ -440,6 +458,9 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
   chunks needs no pass of its own (the output aliases ``total`` where both
   are float32); with ``update`` the tile is ``weight + step * (total + a
   b^T)``. A contraction of one ``block_k`` step leaves the addition to XLA.
+  ``config.split_k`` > 1 splits the contraction: each part's tiles store
+  float32 partial sums, which XLA adds in order and then treats as one
+  contraction's product (the running sum, the rounding, the step).
   ``update=(weight, step)`` (``weight`` ``(rows, cols)``, ``step`` a float32
   ``(1,)``) returns ``weight + step * a b^T`` instead, formed in float32 in
   each tile's epilogue and rounded once to ``weight``'s dtype; the output
@@ -448,6 +469,31 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
   """
   n_rows, n_k = a.shape
   n_cols = b.shape[0]
+  splits = min(config.split_k or 1, pl.cdiv(n_k, config.block_k))
+  if splits > 1:
+    # Parts of equal steps (the last may be masked past n_k), summed in order by XLA, which
+    # then adds the running sum or the step as it would after one contraction.
+    split_steps = pl.cdiv(pl.cdiv(n_k, config.block_k), splits)
+    parts = _pallas.pallas_call(
+        functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
+                          config=config, update=False, running=False,
+                          split_steps=split_steps,
+                          precision=_tile_precision(a, config)),
+        out_shape=jax.ShapeDtypeStruct((splits, n_rows, n_cols), _F32),
+        grid=(pl.cdiv(n_rows, config.block_rows), pl.cdiv(n_cols, config.block_cols), splits),
+        interpret=interpret,
+        compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
+        name="virtual_low_rank_gradient_split",
+    )(a, b)
+    summed = parts[0]
+    for part in range(1, splits):
+      summed = summed + parts[part]
+    if total is not None:
+      summed = total + summed
+    if update is not None:
+      weight, step = update
+      return (weight.astype(_F32) + step[0] * summed).astype(weight.dtype)
+    return summed.astype(out_dtype)
   if total is not None and n_k <= config.block_k:
     # One k-step: Triton may inline the loop and fold ``total + dot`` into the dot's
     # accumulator (another rounding), so XLA adds the running sum here (the same bits).
@@ -456,11 +502,9 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
       weight, step = update
       return (weight.astype(_F32) + step[0] * summed).astype(weight.dtype)
     return summed.astype(out_dtype)
-  exact = a.dtype == _F32 and not config.tf32
   kernel = functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
                              config=config, update=update is not None,
-                             running=total is not None,
-                             precision=jax.lax.Precision.HIGHEST if exact else None)
+                             running=total is not None, precision=_tile_precision(a, config))
   operands, aliases = [a, b], {}
   if total is not None:
     operands.append(total)
@@ -576,6 +620,9 @@ def low_rank_gradient(fitness, seeds, shape, sigma, pop_size, offset, *, kind, a
   chunk = min(reference.chunk_size_for(n, width * rank, config.chunk), n)
   chunk = (-(-chunk // _K_ALIGN) * _K_ALIGN if chunk == n
            else max(_K_ALIGN, chunk // _K_ALIGN * _K_ALIGN))
+  # Parts of the contraction from the whole layer's shape (a shard's rows split alike).
+  config = dataclasses.replace(
+      config, split_k=config.splits_for(out_features, in_features, chunk * rank))
   operand_dtype = jnp.dtype(config.operand_dtype)
   high = not noise_lib.fits_32_bits(kind, offset, rank * width)
   iota = lambda start, count: start + jax.lax.broadcasted_iota(_U32, (1, count), 1)
