@@ -6,7 +6,8 @@
 Each case ``DTYPE:RANK`` lowers :func:`mosaic_gpu_low_rank.fused_forward` for
 EGGROLL's layer (1024 members x one row, (8192, 8192), antithetic, no bias;
 ``LowRankLinearConfig()`` with the ``--field`` overrides; ``--rows R``: members
-of ``R`` rows instead, ``1024 / R`` of them, with a bias) for CUDA on this
+of ``R`` rows instead, ``1024 / R`` of them, with a bias, the GEMM forming
+``x B`` itself unless ``--field gemm_member_dots=False``) for CUDA on this
 machine, and compiles it for an H200 with the XLA of a PJRT CUDA plugin
 (:class:`compile_offline.DevicelessCompiler`; ``jax-cuda13-pjrt`` 0.11.2 is the
 GPU machine's). The plugin compiles the Mosaic GPU module itself (LLVM, then
@@ -62,14 +63,26 @@ def lower_case(case: str, fields: dict, offset: int = 0, rows: int = 1):
   n_rows = pop // 2 * rows  # the per-row operands' length
   config = dataclasses.replace(config_lib.LowRankLinearConfig(fused_gemm=True), **fields)
 
-  def forward(x, weight, bias, keys, coef, bias_coef):
-    return fused.fused_forward(x, weight, bias if rows > 1 else None, offset,
-                               (keys, coef, bias_coef), kind=noise_lib.get_kind("binomial"),
-                               rank=rank, out_dtype=dtype, config=config, num_sms=132)
+  binomial = noise_lib.get_kind("binomial")
+  common = dict(kind=binomial, rank=rank, out_dtype=dtype, config=config, num_sms=132)
+  if config.gemm_member_dots and fused.member_dots_supported(binomial, rank, rows):
+    # As the library dispatches: the GEMM forms x B itself from the pairs' factor rows.
+    def forward(x, weight, bias, seeds, sigma):
+      operands = fused.member_dot_operands(seeds, sigma, kind=binomial, offset=offset,
+                                           weight_shape=weight.shape, rank=rank, dtype=x.dtype)
+      return fused.fused_forward(x, weight, bias, offset, operands, **common)
 
+    operand_avals = [((pop,), jnp.uint32), ((), jnp.float32)]
+  else:
+    def forward(x, weight, bias, keys, coef, bias_coef):
+      return fused.fused_forward(x, weight, bias if rows > 1 else None, offset,
+                                 (keys, coef, bias_coef), **common)
+
+    operand_avals = [((2, n_rows), jnp.uint32), ((rank, 2, n_rows), jnp.float32),
+                     ((2, n_rows), jnp.float32)]
   avals = [jax.ShapeDtypeStruct(shape, kind) for shape, kind in [
       ((pop, rows, width), dtype), ((width, width), dtype), ((width,), jnp.float32),
-      ((2, n_rows), jnp.uint32), ((rank, 2, n_rows), jnp.float32), ((2, n_rows), jnp.float32)]]
+      *operand_avals]]
   return jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",))
 
 

@@ -49,12 +49,16 @@ def main(argv=None):
   parser.add_argument("--multi-row-fused", action="store_true",
                       help="let members of 64k rows take the fused Mosaic GEMM "
                            "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS)")
+  parser.add_argument("--no-member-dots", action="store_true",
+                      help="with --multi-row-fused: x B from the operands kernel, not the GEMM")
   parser.add_argument("--out", default="benchmarks/out")
   args = parser.parse_args(argv)
   rank = None if args.rank == "full" else int(args.rank)
   if args.multi_row_fused:
     from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank  # pylint: disable=g-import-not-at-top
     mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = True
+    if args.no_member_dots:
+      mosaic_gpu_low_rank.member_dots_supported = lambda *_: False
   config = lm_model.LMConfig(dtype=args.dtype)
   result = profiles(config, args.pop, rank, args.tokens_per_chunk, args.calls)
   if result["step"] is None:

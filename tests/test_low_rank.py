@@ -664,6 +664,57 @@ def test_fused_forward_arithmetic_equals_dense_perturbation(rng, kind, offset, r
   np.testing.assert_allclose(y, expected, rtol=2e-5, atol=2e-5 * float(jnp.abs(expected).max()))
 
 
+@pytest.mark.parametrize("kind", ["binomial", "rademacher"])
+@pytest.mark.parametrize("offset,rank,with_bias,rows,dtype", [
+    (5, 1, True, 64, jnp.bfloat16), ((1 << 32) + 7, 3, False, 128, jnp.float32),
+    ((1 << 40) + 3, 8, True, 64, jnp.float16)])
+def test_member_dot_operands_give_the_operands_kernels_rows(rng, kind, offset, rank, with_bias,
+                                                            rows, dtype):
+  """The GEMM that forms ``x B`` itself: its operands (per pair) expanded as the kernel uses
+  them equal the operands kernel's per-row ones (keys and bias coefficients bit for bit, the
+  products to float32 rounding), and the forward equals the dense perturbation."""
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  pop, out_f, in_f = 4, 24, 40
+  noise_kind = noise_lib.get_kind(kind)
+  x = _normal(rng, (pop, rows, in_f), dtype)
+  weight, bias = _normal(rng, (out_f, in_f), dtype) * 0.3, _normal(rng, (out_f,))
+  bias = bias if with_bias else None
+  seeds = _seeds(rng, pop, antithetic=True)
+  operands = fused.member_dot_operands(seeds, 0.4, kind=noise_kind, offset=offset,
+                                       weight_shape=(out_f, in_f), rank=rank, dtype=dtype)
+  assert operands.factors.dtype == dtype and operands.factors.shape[0] % 8 == 0
+  assert operands.factors.shape[0] >= pop // 2 * rank + fused.DOT_COLS - rank
+  np.testing.assert_array_equal(operands.factors[pop // 2 * rank:], 0)
+  keys, coef, bias_coef = fused.member_dot_rows(x, operands, rank)
+  kernel_keys, kernel_coef, kernel_bias_coef = _fused_operands(x, seeds, 0.4, offset, kind, rank,
+                                                               out_f)
+  np.testing.assert_array_equal(keys, kernel_keys)
+  np.testing.assert_array_equal(bias_coef, kernel_bias_coef)
+  np.testing.assert_allclose(coef, kernel_coef, rtol=1e-5,
+                             atol=1e-5 * float(jnp.abs(kernel_coef).max()))
+  y = fused.fused_forward_xla(x, weight, bias, offset, operands, kind=noise_kind, rank=rank,
+                              out_dtype=jnp.float32)
+  expected = _dense_linear(x, weight, bias, seeds, 0.4, offset, kind, True, rank)
+  np.testing.assert_allclose(y, expected, rtol=2e-5, atol=2e-5 * float(jnp.abs(expected).max()))
+
+
+def test_member_dots_only_for_exact_factor_rows():
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  binomial = noise_lib.get_kind("binomial")
+  assert fused.member_dots_supported(binomial, fused.DOT_COLS, 64)
+  assert not fused.member_dots_supported(binomial, fused.DOT_COLS + 1, 64)
+  assert not fused.member_dots_supported(binomial, 1, 1)
+  for kind in ("normal", "uniform"):  # q beyond 8 bits: not exact as 16-bit operands
+    assert not fused.member_dots_supported(noise_lib.get_kind(kind), 1, 64)
+  operands = fused.member_dot_operands(jnp.arange(4, dtype=jnp.uint32), 0.1, kind=binomial,
+                                       offset=0, weight_shape=(256, 64), rank=1,
+                                       dtype=jnp.bfloat16)
+  with pytest.raises(ValueError, match="member dots need"):
+    fused.fused_forward(jnp.zeros((4, 1, 64), jnp.bfloat16), jnp.zeros((256, 64), jnp.bfloat16),
+                        None, 0, operands, kind=binomial, rank=1, out_dtype=jnp.bfloat16,
+                        config=config_lib.LowRankLinearConfig())
+
+
 @pytest.mark.parametrize("pop,rows", [(2, 64), (6, 64), (4, 128), (2, 192), (8, 320)])
 def test_member_rows_tiles_cover_every_row_once_with_its_pair(pop, rows):
   """The 64-row tiles' index arithmetic (the kernel's own function), checked row by row."""
@@ -698,7 +749,7 @@ def test_fused_path_dispatch(rng, monkeypatch, rows):
   calls = []
 
   def fake_kernel(x, weight, bias, offset, operands, *, kind, rank, out_dtype, config):
-    calls.append(config)
+    calls.append(operands)
     return fused.fused_forward_xla(x, weight, bias, offset, operands, kind=kind, rank=rank,
                                    out_dtype=out_dtype)
 
@@ -712,6 +763,8 @@ def test_fused_path_dispatch(rng, monkeypatch, rows):
                                         antithetic=True, rank=2, out_dtype=jnp.float32,
                                         implementation="interpret")
   assert len(calls) == 1
+  # Members of 64 rows: the GEMM forms x B itself ("binomial": exact factor rows).
+  assert isinstance(calls[0], fused.MemberDotOperands) == (rows > 1)
   expected = _dense_linear(x, weight, bias, seeds, 0.3, 11, "binomial", True, 2)
   np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4 * float(jnp.abs(expected).max()))
 
@@ -863,6 +916,33 @@ def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtyp
   assert "mosaic_gpu" in lowered.as_text()
 
 
+@pytest.mark.parametrize("kind,with_bias,rank,x_dtype,out_dtype,rows", [
+    ("binomial", True, 1, jnp.bfloat16, jnp.bfloat16, 64),
+    ("binomial", False, 4, jnp.bfloat16, jnp.float32, 128),
+    ("rademacher", True, 3, jnp.float16, jnp.float16, 64),
+    ("binomial", True, 8, jnp.float32, jnp.float32, 192)])
+def test_fused_kernel_with_member_dots_lowers_for_hopper(kind, with_bias, rank, x_dtype,
+                                                         out_dtype, rows):
+  """Members of 64k rows whose GEMM forms ``x B`` itself: lowered for CUDA on a CPU."""
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  pop, out_f, in_f = 6, 512, 320
+  noise_kind = noise_lib.get_kind(kind)
+  assert fused.member_dots_supported(noise_kind, rank, rows)
+
+  def forward(x, weight, bias, seeds, sigma):
+    operands = fused.member_dot_operands(seeds, sigma, kind=noise_kind, offset=(1 << 40) + 3,
+                                         weight_shape=weight.shape, rank=rank, dtype=x.dtype)
+    return fused.fused_forward(x, weight, bias if with_bias else None, (1 << 40) + 3,
+                               operands, kind=noise_kind, rank=rank, out_dtype=out_dtype,
+                               config=config_lib.LowRankLinearConfig(), num_sms=132)
+
+  avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
+      ((pop, rows, in_f), x_dtype), ((out_f, in_f), x_dtype), ((out_f,), jnp.float32),
+      ((pop,), jnp.uint32), ((), jnp.float32)]]
+  lowered = jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+
+
 def test_fused_kernel_lowers_inside_shard_map():
   """Members sharded over a mesh axis: the kernel's output is typed as varying like its inputs."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
@@ -917,14 +997,18 @@ def test_fused_forward_compiled_on_hopper(rng, kind, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind,dtype,rows,pop,rank,with_bias", [
-    ("binomial", jnp.bfloat16, 64, 6, 1, True),     # 3 pairs, one tile of rows each
-    ("rademacher", jnp.bfloat16, 128, 4, 4, False),  # two tiles of rows a pair
-    ("normal", jnp.float16, 192, 2, 2, True),
-    ("uniform", jnp.float32, 64, 4, 3, True)])
+@pytest.mark.parametrize("kind,dtype,rows,pop,rank,with_bias,member_dots", [
+    ("binomial", jnp.bfloat16, 64, 6, 1, True, True),     # 3 pairs, one tile of rows each
+    ("binomial", jnp.bfloat16, 64, 6, 1, True, False),    # x B from the operands kernel
+    ("rademacher", jnp.bfloat16, 128, 4, 4, False, True),  # two tiles of rows a pair
+    ("binomial", jnp.float32, 192, 4, 8, True, True),
+    ("binomial", jnp.float16, 64, 2, 2, False, True),
+    ("normal", jnp.float16, 192, 2, 2, True, True),       # (no member dots for these kinds)
+    ("uniform", jnp.float32, 64, 4, 3, True, True)])
 def test_fused_forward_multi_row_members_compiled_on_hopper(rng, monkeypatch, kind, dtype, rows,
-                                                            pop, rank, with_bias):
-  """Members of 64k rows (a sequence each): tiles of one pair's rows, against the reference."""
+                                                            pop, rank, with_bias, member_dots):
+  """Members of 64k rows (a sequence each): tiles of one pair's rows, against the reference;
+  the GEMM forms ``x B`` itself where it can (``gemm_member_dots``)."""
   from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   if not _mosaic.is_hopper():
@@ -938,8 +1022,11 @@ def test_fused_forward_multi_row_members_compiled_on_hopper(rng, monkeypatch, ki
   forward = jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
       x, weight, bias, seeds, 0.5, offset, kind=kind, antithetic=True, rank=rank,
       out_dtype=dtype, implementation="pallas",
-      config=config_lib.LowRankLinearConfig(fused_gemm=True)))
-  assert "mosaic_gpu" in forward.lower(x).as_text()
+      config=config_lib.LowRankLinearConfig(fused_gemm=True, gemm_member_dots=member_dots)))
+  text = forward.lower(x).as_text()
+  assert "mosaic_gpu" in text
+  uses_dots = member_dots and fused.member_dots_supported(noise_lib.get_kind(kind), rank, rows)
+  assert ("virtual_low_rank_fused_operands" not in text) == uses_dots
   y = forward(x)
   expected = _dense_linear(x, weight, bias, seeds, 0.5, offset, kind, True, rank)
   np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,

@@ -355,6 +355,13 @@ class LowRankLinearConfig:
       183.5 µs to 180.5 / 182.3 µs in two runs (3 stages; the rank-1 GEMM
       takes 172.8 / 176.1), and ``1`` made rank 1 1.2-1.7 µs slower: the
       hashing costs about as much in the main loop as in the epilogue.
+    gemm_member_dots: members of 64k rows with a kind of 8-bit codes
+      ("binomial", "rademacher") and rank <= 8: the fused GEMM forms
+      ``x_i B_i`` itself, with one more ``wgmma`` per step and sign into a
+      ``(64, 8)`` accumulator, from the pairs' factor rows (made by XLA,
+      ``pop / 2 * r * in`` values) loaded beside ``x``, instead of a kernel
+      that reads all of ``x`` once more first
+      (:func:`~jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank.member_dots_supported`).
   """
 
   block_batch: int = 1
@@ -370,6 +377,7 @@ class LowRankLinearConfig:
   gemm_stages: int = 4
   gemm_grid_width: int = 1
   gemm_noise_ahead: int = 0
+  gemm_member_dots: bool = True
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -91,6 +92,8 @@ _F32 = jnp.float32
 
 # Antithetic pairs per tile: one wgmma row group of 64 per sign.
 TILE_PAIRS = 64
+# Member dots: columns of the x B accumulators (the narrowest wgmma), rank <= DOT_COLS.
+DOT_COLS = 8
 # Members of 64k rows take the fused GEMM only when this is True. Their kernel lowers for
 # CUDA on a CPU (every kind and dtype, tests/test_low_rank.py) and compiles for sm_90a
 # without a device (benchmarks/RESULTS.md, session 29), but has not run on a GPU yet:
@@ -232,15 +235,79 @@ def shared_memory_plan(config: config_lib.LowRankLinearConfig, itemsize: int,
   return 0, 0
 
 
-def column_noise_bytes(config: config_lib.LowRankLinearConfig, rank: int,
-                       with_bias: bool) -> int:
-  """Shared memory of a pair's noise vectors (members of 64k rows): float32 per column.
+def multi_row_bytes(config: config_lib.LowRankLinearConfig, rank: int, with_bias: bool,
+                    itemsize: int, member_dots: bool) -> int:
+  """Shared memory that members of 64k rows take beside the pipeline and the output chunks.
+
+  A pair's noise vectors (float32 per column, :func:`_forward_kernel`'s
+  ``hash_pair_columns``) and, with member dots, each pipeline stage's
+  ``(DOT_COLS, step)`` tile of factor rows (counted for ``config.gemm_stages``).
 
   Example:
-    >>> column_noise_bytes(config_lib.LowRankLinearConfig(), 4, True)
-    5120
+    >>> config = config_lib.LowRankLinearConfig()
+    >>> multi_row_bytes(config, 4, True, 2, False), multi_row_bytes(config, 4, True, 2, True)
+    (5120, 9216)
   """
-  return _COMPUTE_WARPGROUPS * (rank + with_bias) * config.gemm_tile_n * 4
+  vectors = _COMPUTE_WARPGROUPS * (rank + with_bias) * config.gemm_tile_n * 4
+  factor_tiles = config.gemm_stages * DOT_COLS * step_depth(config, itemsize) * itemsize
+  return vectors + (factor_tiles if member_dots else 0)
+
+
+class MemberDotOperands(NamedTuple):
+  """Operands of the fused GEMM that forms ``x B`` itself (members of 64k rows).
+
+  Attributes:
+    keys: uint32 ``(2, pop / 2)``, each pair's stream multiplier and increment
+      (:func:`jaxnoise.noise.stream_keys` at :func:`word_hi`).
+    factors: ``(n, in)`` of ``x``'s dtype: row ``j r + c`` is pair ``j``'s
+      unscaled ``q(B_c)`` (exact: the kinds of :func:`member_dots_supported`
+      are small integers), then zero rows so every pair's ``DOT_COLS`` rows
+      are in bounds (``n``: ``pop / 2 * r + DOT_COLS - r`` rounded up to 8).
+    scalars: float32 ``(2,)``: ``sigma scale^2 / sqrt(r)`` and ``sigma scale``.
+  """
+
+  keys: jax.Array
+  factors: jax.Array
+  scalars: jax.Array
+
+
+def member_dots_supported(kind: noise_lib.NoiseKind, rank: int, member_rows: int) -> bool:
+  """Whether the GEMM forms ``x B`` itself: members of 64k rows, ``q`` exact in 8 bits.
+
+  The factor rows then go to the tensor cores in ``x``'s dtype (16-bit, or
+  TF32 for float32), which hold "binomial"'s ``[-16, 16]`` and
+  "rademacher"'s ``+-1`` exactly; "normal" and "uniform" keep the operands
+  kernel (:func:`pallas_triton_low_rank.fused_gemm_operands`).
+
+  Example:
+    >>> binomial = noise_lib.get_kind("binomial")
+    >>> member_dots_supported(binomial, 1, 64), member_dots_supported(binomial, 1, 1)
+    (True, False)
+    >>> member_dots_supported(noise_lib.get_kind("normal"), 1, 64)
+    False
+  """
+  return member_rows > 1 and kind.code_bits == 8 and rank <= DOT_COLS
+
+
+def member_dot_operands(seeds, sigma, *, kind: noise_lib.NoiseKind, offset: int,
+                        weight_shape, rank: int, dtype) -> MemberDotOperands:
+  """:class:`MemberDotOperands` of antithetic ``seeds`` (XLA: a few values per pair)."""
+  out_features, in_features = weight_shape
+  pair_seeds = noise_lib.as_seeds(seeds)[0::2]
+  multiplier, increment = noise_lib.stream_keys(pair_seeds, _U32(word_hi(kind, offset)))
+  width = out_features + in_features
+  cols = out_features + lax.broadcasted_iota(_U32, (1, in_features), 1)
+  b_hi, b_lo = noise_lib.block_index(offset, (rank, width), cols=cols)
+  q_b = noise_lib.unscaled_noise(pair_seeds[:, None, None], b_hi[None], b_lo[None], kind,
+                                 high_word=not noise_lib.fits_32_bits(kind, offset, rank * width))
+  factors = q_b.astype(dtype).reshape(-1, in_features)
+  # Zero rows: the last pair's DOT_COLS rows in bounds, a whole number of 8-row TMA tiles.
+  n_rows = -(-(factors.shape[0] + DOT_COLS - rank) // 8) * 8
+  factors = jnp.pad(factors, ((0, n_rows - factors.shape[0]), (0, 0)))
+  sigma = jnp.asarray(sigma, _F32)
+  scalars = jnp.stack([sigma * _F32(kind.scale * kind.scale / rank ** 0.5),
+                       sigma * _F32(kind.scale)])
+  return MemberDotOperands(jnp.stack([multiplier, increment]), factors, scalars)
 
 
 def code_piece_cols(kind: noise_lib.NoiseKind) -> int:
@@ -357,7 +424,8 @@ def unsupported_reason(x_shape, x_dtype, out_features: int, offset: int, n_indic
     return f"rank {rank} > {config_lib.MAX_KERNEL_RANK}"
   if not window_fits(offset, n_indices):
     return "the layer's noise indices cross a multiple of 2**32"
-  reserved = 0 if x_shape[1] == 1 else column_noise_bytes(config, rank, True)
+  reserved = 0 if x_shape[1] == 1 else multi_row_bytes(config, rank, True, x_dtype.itemsize,
+                                                       True)
   if shared_memory_plan(config, x_dtype.itemsize, jnp.dtype(out_dtype).itemsize,
                         reserved)[0] < 2:
     return "the tiles do not fit twice in shared memory"
@@ -397,8 +465,14 @@ def add_pair_noise(accs, cols, multiplier, increment, coefs, bias, bias_coefs, *
 def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                     kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
                     bias_start: int | None, config: config_lib.LowRankLinearConfig,
-                    stages: int, store_cols: int, ahead: int, member_rows: int):
-  bias_gmem, bias_coef_gmem, out_gmem = refs if bias_start is not None else (None, None) + refs
+                    stages: int, store_cols: int, ahead: int, member_rows: int,
+                    member_dots: bool = False):
+  factors_gmem = scalars_gmem = bias_coef_gmem = None
+  if member_dots:  # (keys, factors, scalars[, bias], out): MemberDotOperands
+    factors_gmem, coef_gmem, (scalars_gmem, *refs) = coef_gmem, None, refs
+    bias_gmem, out_gmem = refs if bias_start is not None else (None, *refs)
+  else:
+    bias_gmem, bias_coef_gmem, out_gmem = refs if bias_start is not None else (None, None) + refs
   n_out = w_gmem.shape[0]
   if member_rows == 1:  # x as (pop / 2, 2 * in): a tile is 64 pairs
     n_rows, depth = x_gmem.shape[0], x_gmem.shape[1] // 2
@@ -425,13 +499,16 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   per_step, spacing = ahead_schedule(n_steps, ahead * blocks) if ahead else (0, 1)
   x_spec = plgpu.BlockSpec((TILE_PAIRS, tile_k), lambda k: (0, k), transforms=transforms,
                            memory_space=plgpu.SMEM)
+  # Member dots: the pair's B factor rows (DOT_COLS from its first, the rest unused).
+  factor_specs = [plgpu.BlockSpec((DOT_COLS, tile_k), lambda k: (0, k), transforms=transforms,
+                                  memory_space=plgpu.SMEM)] if member_dots else []
 
   def pipeline(body, context):
     return plgpu.emit_pipeline_warp_specialized(
         body, grid=(depth // tile_k,), memory_registers=40,
         in_specs=[x_spec, x_spec,
                   plgpu.BlockSpec((cta_n, tile_k), lambda k: (0, k), transforms=transforms,
-                                  memory_space=plgpu.SMEM)],
+                                  memory_space=plgpu.SMEM)] + factor_specs,
         wg_axis="wg", num_compute_wgs=_COMPUTE_WARPGROUPS, max_concurrent_steps=stages,
         compute_context=context)
 
@@ -445,7 +522,9 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
 
   @functools.partial(
       pl.run_scoped,
-      allocations=pipeline(ignore, ignore).get_allocations(x_plus, x_minus, w_gmem),
+      allocations=pipeline(ignore, ignore).get_allocations(
+          x_plus, x_minus, w_gmem,
+          *([factors_gmem.at[pl.ds(0, DOT_COLS)]] if member_dots else [])),
       out_smem=plgpu.SMEM((_COMPUTE_WARPGROUPS, 2, TILE_PAIRS, store_cols), out_gmem.dtype,
                           transforms=out_transforms),
       **({} if not ahead else dict(codes_smem=plgpu.SMEM(
@@ -476,6 +555,9 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         pair_row, plus_row = member_rows_tile(m_index, member_rows)
         x_rows = tuple(x_gmem.at[pl.ds(plus_row + sign * member_rows, TILE_PAIRS)]
                        for sign in range(2))
+        if member_dots:  # per-pair keys and factor rows
+          pair_row = pair_row // member_rows
+          factor_rows = (factors_gmem.at[pl.ds(pair_row * len(a_starts), DOT_COLS)],)
         out_rows = lambda sign, cols: out_gmem.at[
             pl.ds(plus_row + sign * member_rows, TILE_PAIRS), pl.ds(cols, store_cols)]
       shape = (TILE_PAIRS, tile_n)
@@ -496,14 +578,21 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                     bias_coefs=None if bias_start is None else [
                         rows(bias_coef_gmem.at[s]) for s in range(2)])
 
-      def epilogue(accs, sl=slice(None), hoisted=None):
+      def epilogue(accs, sl=slice(None), hoisted=None, dots=None):
         """The noisy accumulators' columns ``sl`` (a store chunk, or all).
 
         ``hoisted``: :func:`pair_rows`, loaded before the main loop (else loaded here).
+        ``dots``: :func:`member_coefficients` (member dots).
         """
         width = tile_n if sl == slice(None) else sl.stop - sl.start
         first = 0 if sl == slice(None) else sl.start
-        if hoisted is None:
+        if dots is not None:
+          keys = [None, None]
+          coefs = [[lax.broadcast_in_dim(v, (TILE_PAIRS, width), [0]) for v in c]
+                   for c in dots["coefs"]]
+          bias_coefs = [lax.broadcast_in_dim(v, (TILE_PAIRS, width), ())
+                        for v in dots["bias_coefs"]]
+        elif hoisted is None:
           pair = lambda ref: per_pair(ref.at[pairs_at], width)
           # One pair's rows hash from column vectors (below): no per-row keys or columns.
           keys = [pair(keys_gmem.at[s]) if member_rows == 1 else None for s in range(2)]
@@ -554,6 +643,20 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
           column_noise_smem[wg, v] = tile_noise(kind, index_hi, start, cols, *keys)
         plgpu.commit_smem()
 
+      def member_coefficients(dot_accs):
+        """Member dots: the per-row coefficients ``s sigma scale^2 / sqrt(r) (x B_c)`` from
+        the ``(64, DOT_COLS)`` accumulators of ``x`` times the pair's factor rows (column
+        ``c`` is component ``c``), in the layout of the accumulator's rows; the bias's
+        ``s sigma scale`` as scalars."""
+        factor, noise_scale = scalars_gmem[0], scalars_gmem[1]
+        component = plgpu.broadcasted_iota(jnp.int32, (TILE_PAIRS, DOT_COLS), 1,
+                                           layout=plgpu.Layout.WGMMA)
+        flips = (factor, -factor)
+        coefs = [[flips[sign] * jnp.sum(jnp.where(component == c, dot_accs[sign], 0.0),
+                                        axis=1) for sign in range(2)]
+                 for c in range(len(a_starts))]
+        return dict(coefs=coefs, bias_coefs=[noise_scale, -noise_scale])
+
       # With codes hashed ahead, the per-pair vectors are loaded before the main loop (its
       # hashing needs the keys; the epilogue's chunks share them all), set by `context`.
       hoisted_rows = []
@@ -562,12 +665,18 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         if ahead:
           hoisted_rows.append(pair_rows())
 
-        @functools.partial(pl.run_scoped, plus_ref=plgpu.ACC(shape, _F32),
-                           minus_ref=plgpu.ACC(shape, _F32))
-        def _accumulate(plus_ref, minus_ref):
-          run_pipeline((plus_ref, minus_ref))
+        dot_shape = (TILE_PAIRS, DOT_COLS)
+
+        @functools.partial(
+            pl.run_scoped, plus_ref=plgpu.ACC(shape, _F32), minus_ref=plgpu.ACC(shape, _F32),
+            **({} if not member_dots else dict(dots_ref=(plgpu.ACC(dot_shape, _F32),
+                                                         plgpu.ACC(dot_shape, _F32)))))
+        def _accumulate(plus_ref, minus_ref, dots_ref=()):
+          run_pipeline((plus_ref, minus_ref, *dots_ref))
           if member_rows > 1:
             hash_pair_columns()
+          dots = (member_coefficients([ref[...] for ref in dots_ref]) if member_dots
+                  else None)
           accs = (plus_ref[...], minus_ref[...])
           # Without codes hashed ahead the whole tile's noise is formed first (as
           # measured in sessions 12-26); with them a store chunk at a time, so each
@@ -579,7 +688,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
           for first in range(0, tile_n, noise_cols):
             noisy = (epilogue(accs, slice(first, first + noise_cols), hoisted_rows[0]) if ahead
-                     else epilogue(accs, slice(first, first + noise_cols))
+                     else epilogue(accs, slice(first, first + noise_cols), dots=dots)
                      if noise_cols < tile_n else epilogue(accs))
             for c in range(noise_cols // store_cols):
               chunk = slice(c * store_cols, (c + 1) * store_cols)
@@ -612,10 +721,15 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
               codes_smem[wg, component, :, pl.ds(block * piece_cols, piece_cols)] = (
                   code.astype(code_dtype))
 
-      def multiply(indices, plus_smem, minus_smem, w_smem, accs):
+      def multiply(indices, plus_smem, minus_smem, w_smem, *rest):
+        *factors_smem, accs = rest
         w_tile = w_smem.at[pl.ds(wg * tile_n, tile_n)].transpose((1, 0))
         plgpu.wgmma(accs[0], plus_smem, w_tile)
         plgpu.wgmma(accs[1], minus_smem, w_tile)
+        if member_dots:  # x B of the pair's rows (each warpgroup forms them for its columns)
+          factors_tile = factors_smem[0].transpose((1, 0))
+          plgpu.wgmma(accs[2], plus_smem, factors_tile)
+          plgpu.wgmma(accs[3], minus_smem, factors_tile)
         if ahead:
           # While the step's wgmmas run; no accumulator is touched (ptxas's C7515).
           hash_ahead(indices[0])
@@ -623,6 +737,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         return accs
 
       pipeline(multiply, context)(*x_rows, w_gmem.at[pl.ds(n_index * cta_n, cta_n), :],
+                                  *(factor_rows if member_dots else ()),
                                   allocations=allocations)
 
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -663,16 +778,20 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
   """
   pop, member_rows, in_features = x.shape
   out_features = weight.shape[0]
-  keys, coef, bias_coef = operands
+  member_dots = isinstance(operands, MemberDotOperands)
+  if member_dots and not member_dots_supported(kind, rank, member_rows):
+    raise ValueError(f"member dots need members of 64k rows, rank <= {DOT_COLS} and a kind "
+                     f"of 8-bit codes, got {member_rows} rows, rank {rank}, {kind.name!r}")
   itemsize, out_itemsize = jnp.dtype(x.dtype).itemsize, jnp.dtype(out_dtype).itemsize
   if member_rows == 1:
     stages, store_cols, ahead = noise_ahead_plan(config, kind, rank, itemsize, out_itemsize)
   else:  # the pair's noise vectors hashed once per tile: nothing to hash ahead
     stages, store_cols = shared_memory_plan(
-        config, itemsize, out_itemsize, column_noise_bytes(config, rank, bias is not None))
+        config, itemsize, out_itemsize,
+        multi_row_bytes(config, rank, bias is not None, itemsize, member_dots))
     ahead = 0
   body = functools.partial(_forward_kernel, config=config, stages=stages, store_cols=store_cols,
-                           ahead=ahead, member_rows=member_rows,
+                           ahead=ahead, member_rows=member_rows, member_dots=member_dots,
                            **_statics(kind, weight.shape, offset, rank, bias is not None))
   if member_rows == 1:  # row j: [x_2j | x_2j+1], the output the same way
     x_rows, out_shape = x.reshape(pop // 2, 2 * in_features), (pop // 2, 2 * out_features)
@@ -683,8 +802,14 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
       body, out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
       grid=(num_sms or _num_sms(),), grid_names=("sm",),
       num_threads=_COMPUTE_WARPGROUPS + 1, thread_name="wg")
-  bias_operands = () if bias is None else (bias.astype(_F32), bias_coef)
-  out = call(x_rows, weight.astype(x.dtype), keys, coef, *bias_operands)
+  if member_dots:
+    bias_operands = () if bias is None else (bias.astype(_F32),)
+    out = call(x_rows, weight.astype(x.dtype), operands.keys, operands.factors.astype(x.dtype),
+               operands.scalars, *bias_operands)
+  else:
+    keys, coef, bias_coef = operands
+    bias_operands = () if bias is None else (bias.astype(_F32), bias_coef)
+    out = call(x_rows, weight.astype(x.dtype), keys, coef, *bias_operands)
   return out.reshape(pop, member_rows, out_features)
 
 
@@ -699,6 +824,8 @@ def fused_forward_xla(x, weight, bias, offset: int, operands, *, kind: noise_lib
   """
   pop, member_rows, in_features = x.shape
   out_features = weight.shape[0]
+  if isinstance(operands, MemberDotOperands):
+    operands = member_dot_rows(x, operands, rank)
   keys, coef, bias_coef = operands
   products = jnp.dot(x.reshape(pop * member_rows, in_features), weight.astype(x.dtype).T,
                      preferred_element_type=_F32, precision=jax.lax.Precision.HIGHEST)
@@ -715,6 +842,26 @@ def fused_forward_xla(x, weight, bias, offset: int, operands, *, kind: noise_lib
   out = jnp.stack([plus.reshape(pop // 2, member_rows, out_features),
                    minus.reshape(pop // 2, member_rows, out_features)], axis=1)
   return out.astype(out_dtype).reshape(pop, member_rows, out_features)
+
+
+def member_dot_rows(x, operands: MemberDotOperands, rank: int):
+  """:class:`MemberDotOperands` as the operands kernel's per-row ``(keys, coef, bias_coef)``.
+
+  ``x B`` in float32 (products exact, summed in XLA's order; the kernel's
+  ``wgmma`` sums in its own); the coefficients ``(s factor) (x B_c)`` as the
+  operands kernel forms them.
+  """
+  pop, member_rows, in_features = x.shape
+  pairs = pop // 2
+  factors = operands.factors[:pairs * rank].reshape(pairs, rank, in_features).astype(_F32)
+  dots = jnp.einsum("psti,pci->cspt", x.reshape(pairs, 2, member_rows, in_features).astype(_F32),
+                    factors, precision=lax.Precision.HIGHEST)
+  flips = jnp.array([1.0, -1.0], _F32)
+  coef = (flips * operands.scalars[0])[None, :, None, None] * dots
+  n_rows = pairs * member_rows
+  bias_coef = jnp.broadcast_to((flips * operands.scalars[1])[:, None], (2, n_rows))
+  return (jnp.repeat(operands.keys, member_rows, axis=1), coef.reshape(rank, 2, n_rows),
+          bias_coef)
 
 
 def _num_sms() -> int:

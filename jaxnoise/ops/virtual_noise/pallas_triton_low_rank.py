@@ -316,9 +316,15 @@ def low_rank_perturbed_linear(x, weight, bias, seeds, sigma, offset, *, kind, an
   if mosaic_gpu_low_rank.unsupported_reason(x.shape, x.dtype, out_features, offset, n_indices,
                                             rank, antithetic, out_dtype, config,
                                             interpret) is None:
-    operands = fused_gemm_operands(x, seeds, sigma, reduce_layout=b_layout, rank=rank,
-                                   word_hi=mosaic_gpu_low_rank.word_hi(kind, offset),
-                                   config=config, interpret=interpret)
+    if config.gemm_member_dots and mosaic_gpu_low_rank.member_dots_supported(kind, rank,
+                                                                             x.shape[1]):
+      operands = mosaic_gpu_low_rank.member_dot_operands(
+          seeds, sigma, kind=kind, offset=offset, weight_shape=weight.shape, rank=rank,
+          dtype=x.dtype)
+    else:
+      operands = fused_gemm_operands(x, seeds, sigma, reduce_layout=b_layout, rank=rank,
+                                     word_hi=mosaic_gpu_low_rank.word_hi(kind, offset),
+                                     config=config, interpret=interpret)
     return mosaic_gpu_low_rank.fused_forward(x, weight, bias, offset, operands, kind=kind,
                                              rank=rank, out_dtype=out_dtype, config=config)
   # A 16-bit output takes 16-bit partial results: XLA's GEMM writes that dtype anyway.
