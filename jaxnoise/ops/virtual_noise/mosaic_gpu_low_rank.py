@@ -259,10 +259,10 @@ class MemberDotOperands(NamedTuple):
   Attributes:
     keys: uint32 ``(2, pop / 2)``, each pair's stream multiplier and increment
       (:func:`jaxnoise.noise.stream_keys` at :func:`word_hi`).
-    factors: ``(n, in)`` of ``x``'s dtype: row ``j r + c`` is pair ``j``'s
-      unscaled ``q(B_c)`` (exact: the kinds of :func:`member_dots_supported`
-      are small integers), then zero rows so every pair's ``DOT_COLS`` rows
-      are in bounds (``n``: ``pop / 2 * r + DOT_COLS - r`` rounded up to 8).
+    factors: ``(pop / 2 * DOT_COLS, in)`` of ``x``'s dtype: row
+      ``DOT_COLS j + c`` is pair ``j``'s unscaled ``q(B_c)`` for ``c < r``
+      (exact: the kinds of :func:`member_dots_supported` are small integers),
+      zero for ``c >= r``.
     scalars: float32 ``(2,)``: ``sigma scale^2 / sqrt(r)`` and ``sigma scale``.
   """
 
@@ -300,10 +300,10 @@ def member_dot_operands(seeds, sigma, *, kind: noise_lib.NoiseKind, offset: int,
   b_hi, b_lo = noise_lib.block_index(offset, (rank, width), cols=cols)
   q_b = noise_lib.unscaled_noise(pair_seeds[:, None, None], b_hi[None], b_lo[None], kind,
                                  high_word=not noise_lib.fits_32_bits(kind, offset, rank * width))
-  factors = q_b.astype(dtype).reshape(-1, in_features)
-  # Zero rows: the last pair's DOT_COLS rows in bounds, a whole number of 8-row TMA tiles.
-  n_rows = -(-(factors.shape[0] + DOT_COLS - rank) // 8) * 8
-  factors = jnp.pad(factors, ((0, n_rows - factors.shape[0]), (0, 0)))
+  # DOT_COLS rows a pair (zeros past r): every pair's rows start on an 8-row TMA tile, which
+  # Mosaic's layout inference must be able to prove (pair * DOT_COLS).
+  factors = jnp.pad(q_b.astype(dtype), ((0, 0), (0, DOT_COLS - rank), (0, 0)))
+  factors = factors.reshape(-1, in_features)
   sigma = jnp.asarray(sigma, _F32)
   scalars = jnp.stack([sigma * _F32(kind.scale * kind.scale / rank ** 0.5),
                        sigma * _F32(kind.scale)])
@@ -553,13 +553,15 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                                                                    store_cols)]
       else:
         pair_row, plus_row = member_rows_tile(m_index, member_rows)
-        x_rows = tuple(x_gmem.at[pl.ds(plus_row + sign * member_rows, TILE_PAIRS)]
-                       for sign in range(2))
+        # Row starts the copies' tiling needs proven: multiples of 64 (and of 8 below).
+        member_at = lambda sign: pl.ds(pl.multiple_of(plus_row + sign * member_rows, TILE_PAIRS),
+                                       TILE_PAIRS)
+        x_rows = tuple(x_gmem.at[member_at(sign)] for sign in range(2))
         if member_dots:  # per-pair keys and factor rows
-          pair_row = pair_row // member_rows
-          factor_rows = (factors_gmem.at[pl.ds(pair_row * len(a_starts), DOT_COLS)],)
-        out_rows = lambda sign, cols: out_gmem.at[
-            pl.ds(plus_row + sign * member_rows, TILE_PAIRS), pl.ds(cols, store_cols)]
+          pair_row = m_index // (member_rows // TILE_PAIRS)
+          factor_rows = (factors_gmem.at[pl.ds(pl.multiple_of(pair_row * DOT_COLS, DOT_COLS),
+                                               DOT_COLS)],)
+        out_rows = lambda sign, cols: out_gmem.at[member_at(sign), pl.ds(cols, store_cols)]
       shape = (TILE_PAIRS, tile_n)
 
       def per_pair(ref, cols=tile_n):
@@ -853,7 +855,7 @@ def member_dot_rows(x, operands: MemberDotOperands, rank: int):
   """
   pop, member_rows, in_features = x.shape
   pairs = pop // 2
-  factors = operands.factors[:pairs * rank].reshape(pairs, rank, in_features).astype(_F32)
+  factors = operands.factors.reshape(pairs, DOT_COLS, in_features)[:, :rank].astype(_F32)
   dots = jnp.einsum("psti,pci->cspt", x.reshape(pairs, 2, member_rows, in_features).astype(_F32),
                     factors, precision=lax.Precision.HIGHEST)
   flips = jnp.array([1.0, -1.0], _F32)
