@@ -555,16 +555,16 @@ def test_split_gradient_rows_equal_the_whole_layers():
   rows of the one-device gradient bit for bit; and the estimate is still the reference's."""
   from jaxnoise.ops.virtual_noise import pallas_triton_low_rank  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(5)
-  pop, shape, sigma, offset = 400, (70, 45), 0.3, (1 << 32) - 77
+  pop, shape, sigma, offset = 130, (70, 45), 0.3, (1 << 32) - 77
   seeds, fitness = _seeds(rng, pop, True), _normal(rng, (pop,))
   config = config_lib.LowRankGradientConfig(block_rows=16, block_cols=32, block_k=16,
                                             num_stages=2, tf32=False)
-  assert config.splits_for(*shape, 256 * 2) > 1  # 200 pairs, 256 aligned, rank 2
+  assert config.splits_for(*shape, 128 * 2) > 1  # 65 pairs, 128 aligned, rank 2
   common = dict(shape=shape, sigma=sigma, pop_size=pop, offset=offset,
                 kind=noise_lib.get_kind("binomial"), antithetic=True, rank=2, config=config,
                 interpret=True)
   whole = pallas_triton_low_rank.low_rank_gradient(fitness, seeds, **common)
-  for rows in ((5, 20), (16, 32), (60, 10)):
+  for rows in ((5, 20), (60, 10)):
     shard = pallas_triton_low_rank.low_rank_gradient(fitness, seeds, rows=rows, **common)
     np.testing.assert_array_equal(shard, whole[rows[0]:rows[0] + rows[1]])
   noise = noise_lib.virtual_noise(seeds, shape, offset, kind="binomial", antithetic=True,
