@@ -23,9 +23,15 @@ the main loop each warpgroup hashes the pair's noise vectors (``A``'s
 components and the bias's) over its columns once, one value a thread, into
 shared memory, and the epilogue reads them back in the layout of the
 accumulator's columns and broadcasts them over the 64 rows: 1/64 of the
-hashing per element (a tile of 64 pairs must hash every element). (Lowered
-and compiled for sm_90a without a device; not yet run on a GPU, so it is off
-until :data:`MULTI_ROW_MEMBERS` is turned on.)
+hashing per element (a tile of 64 pairs must hash every element). Where the
+factor values are exact as ``wgmma`` operands (:func:`member_dots_supported`:
+"binomial" and "rademacher", rank <= 8) the GEMM also forms ``x_i B_i``
+itself ("member dots"): the pair's factor rows (:class:`MemberDotOperands`,
+made by XLA) are loaded beside ``x``'s tile and one more ``wgmma`` per step
+and sign fills a ``(64, DOT_COLS)`` accumulator, so no kernel reads ``x``
+before the GEMM. (Lowered and compiled for sm_90a without a device; its first
+GPU run, on jax 0.11.2, failed in Mosaic's layout inference, since mended and
+not yet rerun, so it is off until :data:`MULTI_ROW_MEMBERS` is turned on.)
 
 One row per member: the pair shares its noise, so the GEMM keeps the pair's two rows in two
 accumulators: ``x`` is viewed (for free) as ``(pop / 2, 2 * in)``, whose
@@ -96,9 +102,10 @@ TILE_PAIRS = 64
 DOT_COLS = 8
 # Members of 64k rows take the fused GEMM only when this is True. Their kernel lowers for
 # CUDA on a CPU (every kind and dtype, tests/test_low_rank.py) and compiles for sm_90a
-# without a device (benchmarks/RESULTS.md, session 29), but has not run on a GPU yet:
-# benchmarks/gpu_session29_run5.sh runs its compiled tests and times the LM with it, and
-# this turns on once they pass.
+# without a device, but has not passed its compiled tests yet (benchmarks/RESULTS.md,
+# session 30: jax 0.11.2's layout inference rejected the first version):
+# benchmarks/gpu_session30_run3.sh runs them and times the LM with it, and this turns on
+# once they pass.
 MULTI_ROW_MEMBERS = False
 # Shared memory left to the pipeline's barriers.
 _BARRIER_BYTES = 4096
