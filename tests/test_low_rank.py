@@ -516,11 +516,12 @@ def test_chunked_tiles_compiled_on_gpu(rng, kind, block_k):
       jnp.bfloat16))
 
 
-@pytest.mark.parametrize("splits,n_k", [(3, 100), (4, 64), (2, 48)])
+@pytest.mark.parametrize("splits,n_k", [(3, 100), (4, 64), (2, 48), (3, 64), (8, 80)])
 @pytest.mark.parametrize("ending", ["float32", "running sum", "bfloat16", "update"])
 def test_split_contraction_is_its_parts_summed_in_order(rng, splits, n_k, ending):
-  """``split_k`` parts of equal steps (the last one masked past ``n_k``): bit for bit the
-  parts' own contractions added in order in XLA, then the ending of one contraction."""
+  """``split_k`` parts of equal steps (the last one masked past ``n_k``; none wholly past
+  it: 3 parts of 4 steps are 2 of 2, 8 of 5 are 5 of 1): bit for bit the parts' own
+  contractions added in order in XLA, then the ending of one contraction."""
   from jaxnoise.ops.virtual_noise import pallas_triton_low_rank  # pylint: disable=g-import-not-at-top
   config = config_lib.LowRankGradientConfig(block_rows=16, block_cols=32, block_k=16,
                                             num_stages=2, tf32=False, split_k=splits)

@@ -564,9 +564,11 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         member_at = lambda sign: pl.ds(pl.multiple_of(plus_row + sign * member_rows, TILE_PAIRS),
                                        TILE_PAIRS)
         x_rows = tuple(x_gmem.at[member_at(sign)] for sign in range(2))
-        if member_dots:  # per-pair keys and factor rows
-          pair_row = m_index // (member_rows // TILE_PAIRS)
-          factor_rows = (factors_gmem.at[pl.ds(pl.multiple_of(pair_row * DOT_COLS, DOT_COLS),
+        # The pair's keys: at its first row of the per-row operands, or (member dots) per pair.
+        key_index = pair_row
+        if member_dots:
+          key_index = m_index // (member_rows // TILE_PAIRS)
+          factor_rows = (factors_gmem.at[pl.ds(pl.multiple_of(key_index * DOT_COLS, DOT_COLS),
                                                DOT_COLS)],)
         out_rows = lambda sign, cols: out_gmem.at[member_at(sign), pl.ds(cols, store_cols)]
       shape = (TILE_PAIRS, tile_n)
@@ -644,8 +646,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         cols = lax.bitcast_convert_type(
             plgpu.broadcasted_iota(jnp.int32, (tile_n,), 0, layout=strided), _U32)
         cols = cols + lax.convert_element_type(col0, _U32)
-        # Every row of a pair has the pair's keys: the first row's, as scalars.
-        keys = [lax.broadcast_in_dim(keys_gmem[s, pair_row], (tile_n,), ()) for s in range(2)]
+        keys = [lax.broadcast_in_dim(keys_gmem[s, key_index], (tile_n,), ()) for s in range(2)]
         # The previous tile's reads of these vectors are done (one warpgroup barrier).
         plgpu.commit_smem()
         for v, start in enumerate(column_starts):

@@ -376,14 +376,14 @@ _K_ALIGN = 64
 
 def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: int,
                           config: config_lib.LowRankGradientConfig, precision, update: bool,
-                          running: bool, split_steps: int | None = None):
+                          running: bool, split: tuple[int, int] | None = None):
   """One ``(block_rows, block_cols)`` tile of ``a b^T``, summed over ``k`` in ``block_k`` steps.
 
   The steps are the same for every tile (masked loads add exact zeros past the
   ends), so an element's value does not depend on where its tile lies.
-  ``split_steps``: the contraction is split in parts of this many steps, part
-  ``program_id(2)`` here, stored as ``out_ref[part]`` (float32; no running
-  sum or update).
+  ``split=(parts, steps)``: the contraction is split in ``parts`` of ``steps``
+  steps each (the last one masked past ``n_k``), part ``program_id(2)`` here,
+  stored as ``out_ref[part]`` (float32; no running sum or update).
   ``running``: ``refs`` start with ``total_ref`` (float32), and the tile is
   ``total + acc`` (one float32 addition, as XLA's ``total + a b^T``).
   ``update``: ``refs`` then hold ``(step_ref, weight_ref)`` and the tile stored
@@ -397,14 +397,13 @@ def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: in
   block_rows, block_cols, block_k = config.block_rows, config.block_cols, config.block_k
   row0 = pl.program_id(0) * block_rows
   col0 = pl.program_id(1) * block_cols
-  n_steps = pl.cdiv(n_k, block_k) if split_steps is None else split_steps
-  step0 = 0 if split_steps is None else pl.program_id(2) * split_steps
+  n_parts, n_steps = (1, pl.cdiv(n_k, block_k)) if split is None else split
+  step0 = 0 if split is None else pl.program_id(2) * n_steps
   # Masks only where a dimension is ragged (static): unmasked loads vectorise fully.
   rows_ok = (row0 + jax.lax.iota(jnp.int32, block_rows)) < n_rows
   cols_ok = (col0 + jax.lax.iota(jnp.int32, block_cols)) < n_cols
   ragged_rows, ragged_cols = n_rows % block_rows, n_cols % block_cols
-  ragged_k = (n_k % block_k if split_steps is None
-              else n_k != pl.cdiv(n_k, block_k * split_steps) * block_k * split_steps)
+  ragged_k = n_k != n_parts * n_steps * block_k
 
   def load(ref, start, size, ok, k0, k_ok):
     window = ref.at[pl.ds(start, size), pl.ds(k0, block_k)]
@@ -425,7 +424,7 @@ def _tile_products_kernel(a_ref, b_ref, *refs, n_k: int, n_rows: int, n_cols: in
   acc = jax.lax.fori_loop(0, n_steps, step, jnp.zeros((block_rows, block_cols), _F32))
   tile = (pl.ds(row0, block_rows), pl.ds(col0, block_cols))
   mask = rows_ok[:, None] & cols_ok[None, :] if ragged_rows or ragged_cols else None
-  if split_steps is not None:  # this part's partial tile, float32
+  if split is not None:  # this part's partial tile, float32
     part_tile = (pl.ds(pl.program_id(2), 1),) + tile
     if mask is None:
       _pallas.store(out_ref.at[part_tile], acc[None])
@@ -475,16 +474,16 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
   """
   n_rows, n_k = a.shape
   n_cols = b.shape[0]
-  splits = min(config.split_k or 1, pl.cdiv(n_k, config.block_k))
+  steps = pl.cdiv(n_k, config.block_k)
+  part_steps = pl.cdiv(steps, config.split_k or 1)
+  splits = pl.cdiv(steps, part_steps)  # no part wholly past n_k
   if splits > 1:
     # Parts of equal steps (the last may be masked past n_k), summed in order by XLA, which
     # then adds the running sum or the step as it would after one contraction.
-    split_steps = pl.cdiv(pl.cdiv(n_k, config.block_k), splits)
     parts = _pallas.pallas_call(
         functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
                           config=config, update=False, running=False,
-                          split_steps=split_steps,
-                          precision=_tile_precision(a, config)),
+                          split=(splits, part_steps), precision=_tile_precision(a, config)),
         out_shape=jax.ShapeDtypeStruct((splits, n_rows, n_cols), _F32),
         grid=(pl.cdiv(n_rows, config.block_rows), pl.cdiv(n_cols, config.block_cols), splits),
         interpret=interpret,
