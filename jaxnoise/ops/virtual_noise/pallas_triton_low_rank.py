@@ -450,6 +450,16 @@ def _tile_precision(a, config: config_lib.LowRankGradientConfig):
   return jax.lax.Precision.HIGHEST if exact else None
 
 
+def _ending_in_xla(product, total, update, out_dtype):
+  """What the tiles' epilogue does after a contraction, in XLA: ``total + product``, then
+  the step (``update``) or the rounding to ``out_dtype``."""
+  summed = product if total is None else total + product
+  if update is not None:
+    weight, step = update
+    return (weight.astype(_F32) + step[0] * summed).astype(weight.dtype)
+  return summed.astype(out_dtype)
+
+
 def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=False,
                   update=None, out_dtype=_F32, total=None):
   """``a b^T`` for ``a`` ``(rows, k)`` and ``b`` ``(cols, k)``, tile by tile.
@@ -490,23 +500,15 @@ def tile_products(a, b, *, config: config_lib.LowRankGradientConfig, interpret=F
         compiler_params=_pallas.compiler_params(config.num_warps, config.num_stages),
         name="virtual_low_rank_gradient_split",
     )(a, b)
-    summed = parts[0]
+    product = parts[0]
     for part in range(1, splits):
-      summed = summed + parts[part]
-    if total is not None:
-      summed = total + summed
-    if update is not None:
-      weight, step = update
-      return (weight.astype(_F32) + step[0] * summed).astype(weight.dtype)
-    return summed.astype(out_dtype)
+      product = product + parts[part]
+    return _ending_in_xla(product, total, update, out_dtype)
   if total is not None and n_k <= config.block_k:
     # One k-step: Triton may inline the loop and fold ``total + dot`` into the dot's
     # accumulator (another rounding), so XLA adds the running sum here (the same bits).
-    summed = total + tile_products(a, b, config=config, interpret=interpret)
-    if update is not None:
-      weight, step = update
-      return (weight.astype(_F32) + step[0] * summed).astype(weight.dtype)
-    return summed.astype(out_dtype)
+    return _ending_in_xla(tile_products(a, b, config=config, interpret=interpret), total,
+                          update, out_dtype)
   kernel = functools.partial(_tile_products_kernel, n_k=n_k, n_rows=n_rows, n_cols=n_cols,
                              config=config, update=update is not None,
                              running=total is not None, precision=_tile_precision(a, config))
