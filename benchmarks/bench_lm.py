@@ -243,7 +243,12 @@ def main(argv=None):
                       help="seconds of timed steps per case; also the skip threshold")
   parser.add_argument("--budget", type=float, default=170.0,
                       help="total seconds; later cases are skipped once spent")
+  parser.add_argument("--multi-row-fused", action="store_true",
+                      help="let members of 64k rows take the fused Mosaic GEMM "
+                           "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS)")
   args = parser.parse_args(argv)
+  if args.multi_row_fused:
+    lm_model.use_multi_row_fused()
   if args.quick:
     config = lm_model.LMConfig(context=8, d_model=16, num_layers=1, num_heads=2,
                                dtype=args.dtype)

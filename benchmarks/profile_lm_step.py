@@ -55,10 +55,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   rank = None if args.rank == "full" else int(args.rank)
   if args.multi_row_fused:
-    from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank  # pylint: disable=g-import-not-at-top
-    mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = True
-    if args.no_member_dots:
-      mosaic_gpu_low_rank.member_dots_supported = lambda *_: False
+    lm_model.use_multi_row_fused(member_dots=not args.no_member_dots)
   config = lm_model.LMConfig(dtype=args.dtype)
   result = profiles(config, args.pop, rank, args.tokens_per_chunk, args.calls)
   if result["step"] is None:
