@@ -244,11 +244,13 @@ def main(argv=None):
   parser.add_argument("--budget", type=float, default=170.0,
                       help="total seconds; later cases are skipped once spent")
   parser.add_argument("--multi-row-fused", action="store_true",
-                      help="let members of 64k rows take the fused Mosaic GEMM "
-                           "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS)")
+                      help="members of 64k rows through the fused Mosaic GEMM: the default "
+                           "since session 31 (kept for the run scripts that name it)")
+  parser.add_argument("--multi-row-triton", action="store_true",
+                      help="members of 64k rows through XLA's GEMM and a Triton pass "
+                           "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = False), as before")
   args = parser.parse_args(argv)
-  if args.multi_row_fused:
-    lm_model.use_multi_row_fused()
+  lm_model.route_multi_row_members(fused=not args.multi_row_triton)
   if args.quick:
     config = lm_model.LMConfig(context=8, d_model=16, num_layers=1, num_heads=2,
                                dtype=args.dtype)

@@ -47,15 +47,18 @@ def main(argv=None):
   parser.add_argument("--calls", type=int, default=3)
   parser.add_argument("--top", type=int, default=25, help="kernels printed per profile")
   parser.add_argument("--multi-row-fused", action="store_true",
-                      help="let members of 64k rows take the fused Mosaic GEMM "
-                           "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS)")
+                      help="members of 64k rows through the fused Mosaic GEMM: the default "
+                           "since session 31 (kept for the run scripts that name it)")
+  parser.add_argument("--multi-row-triton", action="store_true",
+                      help="members of 64k rows through XLA's GEMM and a Triton pass "
+                           "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = False), as before")
   parser.add_argument("--no-member-dots", action="store_true",
-                      help="with --multi-row-fused: x B from the operands kernel, not the GEMM")
+                      help="fused: x B from the operands kernel, not the GEMM")
   parser.add_argument("--out", default="benchmarks/out")
   args = parser.parse_args(argv)
   rank = None if args.rank == "full" else int(args.rank)
-  if args.multi_row_fused:
-    lm_model.use_multi_row_fused(member_dots=not args.no_member_dots)
+  lm_model.route_multi_row_members(fused=not args.multi_row_triton,
+                                   member_dots=not args.no_member_dots)
   config = lm_model.LMConfig(dtype=args.dtype)
   result = profiles(config, args.pop, rank, args.tokens_per_chunk, args.calls)
   if result["step"] is None:

@@ -793,11 +793,12 @@ def test_fused_path_eligibility_names_the_reason(monkeypatch):
                                    shape=(256, 1, 1024))
   assert "one row per member or a multiple of 64" in reason(shape=(256, 2, 512))
   assert "multiple of 64" in reason(shape=(2, 96, 512))
-  assert "MULTI_ROW_MEMBERS" in reason(shape=(2, 64, 512))
-  monkeypatch.setattr(fused, "MULTI_ROW_MEMBERS", True)
   assert reason(shape=(2, 64, 512)) is None  # one pair of 64-row members: one tile of rows
   assert reason(shape=(6, 128, 512)) is None
   assert "antithetic" in reason(antithetic=False)
+  monkeypatch.setattr(fused, "MULTI_ROW_MEMBERS", False)
+  assert "MULTI_ROW_MEMBERS is False" in reason(shape=(2, 64, 512))
+  assert reason() is None  # one row per member is not affected
   assert reason(dtype=jnp.float32, out_dtype=jnp.float32) is None
   assert "got int8" in reason(dtype=jnp.int8)
   with jax.default_matmul_precision("highest"):
@@ -1007,7 +1008,7 @@ def test_fused_forward_compiled_on_hopper(rng, kind, dtype):
     ("binomial", jnp.float16, 64, 2, 2, False, True),
     ("normal", jnp.float16, 192, 2, 2, True, True),       # (no member dots for these kinds)
     ("uniform", jnp.float32, 64, 4, 3, True, True)])
-def test_fused_forward_multi_row_members_compiled_on_hopper(rng, monkeypatch, kind, dtype, rows,
+def test_fused_forward_multi_row_members_compiled_on_hopper(rng, kind, dtype, rows,
                                                             pop, rank, with_bias, member_dots):
   """Members of 64k rows (a sequence each): tiles of one pair's rows, against the reference;
   the GEMM forms ``x B`` itself where it can (``gemm_member_dots``)."""
@@ -1015,7 +1016,6 @@ def test_fused_forward_multi_row_members_compiled_on_hopper(rng, monkeypatch, ki
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   if not _mosaic.is_hopper():
     pytest.skip("needs a Hopper GPU")
-  monkeypatch.setattr(fused, "MULTI_ROW_MEMBERS", True)
   out_f, in_f, offset = 512, 192, (1 << 40) + 3
   x = _normal(rng, (pop, rows, in_f), dtype)
   weight = _normal(rng, (out_f, in_f), dtype) * 0.1

@@ -318,8 +318,7 @@ class LowRankLinearConfig:
       measured slower on an H200).
       Shared x always adds its small ``(batch, out)`` GEMM in the kernel.
     fused_gemm: on a Hopper GPU, x with one row per member (or a multiple
-      of 64 rows, such as a sequence's tokens, once
-      ``mosaic_gpu_low_rank.MULTI_ROW_MEMBERS`` is on) in antithetic pairs runs one
+      of 64 rows, such as a sequence's tokens) in antithetic pairs runs one
       Mosaic GPU GEMM that adds the noise term in its epilogue
       (:mod:`jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank`; ``x_i B_i``
       from this kernel's reduce phase first). Calls it cannot take (other
