@@ -59,6 +59,16 @@ def test_lm_benchmark_quick(tmp_path):
   assert all(r["of_inference"] > 0 for r in steps), steps  # each step against the floor
 
 
+def test_lm_layers_probe_quick(tmp_path):
+  """Every GEMM variant runs at a tiny layer (interpreter) and adds the default's noise."""
+  _run(tmp_path, "probe_lm_layers.py", "--quick", "--variants", "default,stages2,operands")
+  with open(tmp_path / "lm_layers.json") as f:
+    [record] = json.load(f)["results"]
+  assert not [k for k in record if k.endswith("_error")], record
+  assert all(record[f"{name}_ms"] > 0 for name in ("xla", "default", "stages2", "operands"))
+  assert record["stages2_max_diff"] == 0.0 and record["operands_max_diff"] < 1e-2, record
+
+
 def test_scaling_benchmark_quick(tmp_path):
   _run(tmp_path, "bench_scaling.py", "--quick", "--cases", "exact,mlp,lm",
        "--modes", "replicated,fsdp_eval")
