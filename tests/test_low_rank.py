@@ -899,13 +899,15 @@ def test_noise_codes_fit_their_bits_and_give_the_values(rng, kind):
     ("normal", False, 2, jnp.float16, jnp.float16),
     ("uniform", True, 1, jnp.float32, jnp.float32),
     ("binomial", False, 2, jnp.float32, jnp.bfloat16)])
-@pytest.mark.parametrize("ahead,rows", [(0, 1), (2, 1), (0, 128)])
-def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtype, ahead, rows):
+@pytest.mark.parametrize("ahead,rows,tile_n", [(0, 1, 128), (2, 1, 128), (0, 1, 64),
+                                               (0, 128, 128), (0, 64, 64)])
+def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtype, ahead, rows,
+                                        tile_n):
   """The Pallas-to-Mosaic GPU translation of the kernel (and its shared-memory check) on a CPU."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   pop, out_f, in_f = (256, 512, 320) if rows == 1 else (6, 512, 320)
   pairs = pop // 2 * rows
-  config = config_lib.LowRankLinearConfig(gemm_noise_ahead=ahead)
+  config = config_lib.LowRankLinearConfig(gemm_noise_ahead=ahead, gemm_tile_n=tile_n)
 
   def forward(x, weight, bias, keys, coef, bias_coef):
     return fused.fused_forward(x, weight, bias if with_bias else None, (1 << 40) + 3,
@@ -919,13 +921,16 @@ def test_fused_kernel_lowers_for_hopper(kind, with_bias, rank, x_dtype, out_dtyp
   assert "mosaic_gpu" in lowered.as_text()
 
 
-@pytest.mark.parametrize("kind,with_bias,rank,x_dtype,out_dtype,rows", [
-    ("binomial", True, 1, jnp.bfloat16, jnp.bfloat16, 64),
-    ("binomial", False, 4, jnp.bfloat16, jnp.float32, 128),
-    ("rademacher", True, 3, jnp.float16, jnp.float16, 64),
-    ("binomial", True, 8, jnp.float32, jnp.float32, 192)])
+@pytest.mark.parametrize("kind,with_bias,rank,x_dtype,out_dtype,rows,tile_n", [
+    ("binomial", True, 1, jnp.bfloat16, jnp.bfloat16, 64, 128),
+    ("binomial", False, 4, jnp.bfloat16, jnp.float32, 128, 128),
+    ("rademacher", True, 3, jnp.float16, jnp.float16, 64, 128),
+    ("binomial", True, 8, jnp.float32, jnp.float32, 192, 128),
+    # 64 columns a warpgroup: the epilogue's one chunk is the whole tile, and the noise
+    # vectors are hashed 128 wide (session 31's probe found both broken).
+    ("binomial", True, 2, jnp.bfloat16, jnp.bfloat16, 64, 64)])
 def test_fused_kernel_with_member_dots_lowers_for_hopper(kind, with_bias, rank, x_dtype,
-                                                         out_dtype, rows):
+                                                         out_dtype, rows, tile_n):
   """Members of 64k rows whose GEMM forms ``x B`` itself: lowered for CUDA on a CPU."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   pop, out_f, in_f = 6, 512, 320
@@ -937,7 +942,8 @@ def test_fused_kernel_with_member_dots_lowers_for_hopper(kind, with_bias, rank, 
                                          weight_shape=weight.shape, rank=rank, dtype=x.dtype)
     return fused.fused_forward(x, weight, bias if with_bias else None, (1 << 40) + 3,
                                operands, kind=noise_kind, rank=rank, out_dtype=out_dtype,
-                               config=config_lib.LowRankLinearConfig(), num_sms=132)
+                               config=config_lib.LowRankLinearConfig(gemm_tile_n=tile_n),
+                               num_sms=132)
 
   avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
       ((pop, rows, in_f), x_dtype), ((out_f, in_f), x_dtype), ((out_f,), jnp.float32),
@@ -976,6 +982,13 @@ def test_fused_gemm_config_is_validated(field, value):
     config_lib.LowRankLinearConfig(**{field: value}).validate()
 
 
+@pytest.mark.parametrize("rows,width", [(1, 1), (64, 8), (192, 8)])
+def test_heuristics_walk_wide_bands_for_members_of_several_rows(rows, width):
+  """The fused GEMM's tile order: bands of 1 column tile for one row a member, 8 above."""
+  config = config_lib.low_rank_linear_heuristics(rows, 512, 2048, 1, "binomial").validate()
+  assert config.fused_gemm and config.gemm_grid_width == width
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,dtype", [(kind, jnp.bfloat16) for kind in KINDS] + [
     ("binomial", jnp.float32), ("rademacher", jnp.float32)])
@@ -1000,16 +1013,18 @@ def test_fused_forward_compiled_on_hopper(rng, kind, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind,dtype,rows,pop,rank,with_bias,member_dots", [
-    ("binomial", jnp.bfloat16, 64, 6, 1, True, True),     # 3 pairs, one tile of rows each
-    ("binomial", jnp.bfloat16, 64, 6, 1, True, False),    # x B from the operands kernel
-    ("rademacher", jnp.bfloat16, 128, 4, 4, False, True),  # two tiles of rows a pair
-    ("binomial", jnp.float32, 192, 4, 8, True, True),
-    ("binomial", jnp.float16, 64, 2, 2, False, True),
-    ("normal", jnp.float16, 192, 2, 2, True, True),       # (no member dots for these kinds)
-    ("uniform", jnp.float32, 64, 4, 3, True, True)])
-def test_fused_forward_multi_row_members_compiled_on_hopper(rng, kind, dtype, rows,
-                                                            pop, rank, with_bias, member_dots):
+@pytest.mark.parametrize("kind,dtype,rows,pop,rank,with_bias,member_dots,tile_n", [
+    ("binomial", jnp.bfloat16, 64, 6, 1, True, True, 128),  # 3 pairs, one tile of rows each
+    ("binomial", jnp.bfloat16, 64, 6, 1, True, False, 128),  # x B from the operands kernel
+    ("rademacher", jnp.bfloat16, 128, 4, 4, False, True, 128),  # two tiles of rows a pair
+    ("binomial", jnp.float32, 192, 4, 8, True, True, 128),
+    ("binomial", jnp.float16, 64, 2, 2, False, True, 128),
+    ("normal", jnp.float16, 192, 2, 2, True, True, 128),  # (no member dots for these kinds)
+    ("uniform", jnp.float32, 64, 4, 3, True, True, 128),
+    ("binomial", jnp.bfloat16, 128, 4, 2, True, True, 64),  # 64 columns a warpgroup
+    ("normal", jnp.bfloat16, 64, 4, 1, True, True, 64)])
+def test_fused_forward_multi_row_members_compiled_on_hopper(rng, kind, dtype, rows, pop, rank,
+                                                            with_bias, member_dots, tile_n):
   """Members of 64k rows (a sequence each): tiles of one pair's rows, against the reference;
   the GEMM forms ``x B`` itself where it can (``gemm_member_dots``)."""
   from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
@@ -1024,7 +1039,9 @@ def test_fused_forward_multi_row_members_compiled_on_hopper(rng, kind, dtype, ro
   forward = jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
       x, weight, bias, seeds, 0.5, offset, kind=kind, antithetic=True, rank=rank,
       out_dtype=dtype, implementation="pallas",
-      config=config_lib.LowRankLinearConfig(fused_gemm=True, gemm_member_dots=member_dots)))
+      config=config_lib.LowRankLinearConfig(fused_gemm=True, gemm_member_dots=member_dots,
+                                            gemm_tile_n=tile_n,
+                                            gemm_grid_width=8 if rows > 64 else 1)))
   text = forward.lower(x).as_text()
   assert "mosaic_gpu" in text
   uses_dots = member_dots and fused.member_dots_supported(noise_lib.get_kind(kind), rank, rows)

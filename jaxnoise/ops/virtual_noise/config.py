@@ -337,10 +337,12 @@ class LowRankLinearConfig:
       :func:`~jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank.shared_memory_plan`).
     gemm_grid_width: the fused GEMM's tile order (``plgpu.planar_snake``):
       bands of this many output-column tiles, the pair-row tiles walked
-      inside each band (L2 reuse). 1 (each column tile of ``W`` read by
-      the programs of every pair tile in turn, ``x`` kept in L2) was the
-      fastest of 1-16 on an H200 (session 14: 2-2.5 µs ahead of 4 in bf16 at
-      ranks 1 and 4, 3.4 µs in float32).
+      inside each band (L2 reuse). With one row per member, 1 (each column
+      tile of ``W`` read by the programs of every pair tile in turn, ``x``
+      kept in L2) was the fastest of 1-16 on an H200 (session 14: 2-2.5 µs
+      ahead of 4 in bf16 at ranks 1 and 4, 3.4 µs in float32).
+      :func:`low_rank_linear_heuristics` takes 8 for members of several
+      rows, whose ``x`` is the large operand (see there).
     gemm_noise_ahead: rank components of ``A_i`` whose noise the fused GEMM
       hashes during its main loop, a few values per step while the tensor
       cores run, into shared memory as the kind's code
@@ -442,11 +444,17 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
     width = 8192
   block_reduce = min(width, max(32, next_pow2(n_reduce)))
   warps = 8 if rank > 1 or wide_operands else 4
+  # Members of several rows (a sequence each): x is the large operand, so the fused GEMM
+  # walks bands of 8 column tiles and a row tile's programs run together (x read about
+  # once). Session 31, H100, bf16, the LM's layers at 16,384 members of 64 rows: 7-13%
+  # less device time than bands of 1 (1.234 -> 1.143 ms at 512x512, 4.967 -> 4.334 at
+  # 512x2048, 4.094 -> 3.854 at 2048x512, rank 1; 6-13% at rank 4); 4 within 1% of 8.
+  grid_width = 8 if batch > 1 else 1
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
                              block_emit=block_emit, num_warps=warps,
                              num_stages=1,
                              materialize=rank > MAX_KERNEL_RANK, fuse_base=True,
-                             fused_gemm=fused_gemm)
+                             fused_gemm=fused_gemm, gemm_grid_width=grid_width)
 
 
 # LowRankGradientConfig.splits_for: programs a split contraction aims at (about four per

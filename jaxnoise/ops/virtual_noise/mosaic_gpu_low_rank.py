@@ -104,6 +104,9 @@ DOT_COLS = 8
 # whose compiled tests passed on an H100 under jax 0.11.2; benchmarks/RESULTS.md). False
 # sends them to the Triton path, as before.
 MULTI_ROW_MEMBERS = True
+# Threads of a warpgroup: a pair's noise vectors are hashed one value a thread, so at least
+# this many columns a warpgroup (hashed_columns).
+_WARPGROUP_THREADS = 128
 # Shared memory left to the pipeline's barriers.
 _BARRIER_BYTES = 4096
 _COMPUTE_WARPGROUPS = 2
@@ -252,9 +255,20 @@ def multi_row_bytes(config: config_lib.LowRankLinearConfig, rank: int, with_bias
     >>> multi_row_bytes(config, 4, True, 2, False), multi_row_bytes(config, 4, True, 2, True)
     (5120, 9216)
   """
-  vectors = _COMPUTE_WARPGROUPS * (rank + with_bias) * config.gemm_tile_n * 4
+  vectors = _COMPUTE_WARPGROUPS * (rank + with_bias) * hashed_columns(config.gemm_tile_n) * 4
   factor_tiles = config.gemm_stages * DOT_COLS * step_depth(config, itemsize) * itemsize
   return vectors + (factor_tiles if member_dots else 0)
+
+
+def hashed_columns(tile_n: int) -> int:
+  """Columns of a pair's noise vectors that a warpgroup hashes per tile of 64k rows: its
+  ``tile_n``, at least one a thread (at ``tile_n = 64`` the last 64 are hashed and unused).
+
+  Example:
+    >>> hashed_columns(128), hashed_columns(64)
+    (128, 128)
+  """
+  return max(tile_n, _WARPGROUP_THREADS)
 
 
 class MemberDotOperands(NamedTuple):
@@ -536,7 +550,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
           transforms=(plgpu.TilingTransform((8, piece_cols)),
                       plgpu.SwizzleTransform(code_swizzle))))),
       **({} if member_rows == 1 else dict(column_noise_smem=plgpu.SMEM(
-          (_COMPUTE_WARPGROUPS, len(column_starts), tile_n), _F32))),
+          (_COMPUTE_WARPGROUPS, len(column_starts), hashed_columns(tile_n)), _F32))),
       collective_axes="wg")
   def _scope(allocations, out_smem, codes_smem=None, column_noise_smem=None):
     wg = lax.axis_index("wg")
@@ -638,12 +652,14 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
 
       def hash_pair_columns():
         """One pair's rows: its noise vectors (``A``'s components, the bias's) over the
-        warpgroup's ``tile_n`` columns to shared memory, each value hashed by one thread."""
-        strided = plgpu.Layout.WG_STRIDED((tile_n,), vec_size=1)
+        warpgroup's ``tile_n`` columns (:func:`hashed_columns`) to shared memory, each value
+        hashed by one thread."""
+        width = hashed_columns(tile_n)
+        strided = plgpu.Layout.WG_STRIDED((width,), vec_size=1)
         cols = lax.bitcast_convert_type(
-            plgpu.broadcasted_iota(jnp.int32, (tile_n,), 0, layout=strided), _U32)
+            plgpu.broadcasted_iota(jnp.int32, (width,), 0, layout=strided), _U32)
         cols = cols + lax.convert_element_type(col0, _U32)
-        keys = [lax.broadcast_in_dim(keys_gmem[s, key_index], (tile_n,), ()) for s in range(2)]
+        keys = [lax.broadcast_in_dim(keys_gmem[s, key_index], (width,), ()) for s in range(2)]
         # The previous tile's reads of these vectors are done (one warpgroup barrier).
         plgpu.commit_smem()
         for v, start in enumerate(column_starts):
@@ -696,7 +712,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
           for first in range(0, tile_n, noise_cols):
             noisy = (epilogue(accs, slice(first, first + noise_cols), hoisted_rows[0]) if ahead
                      else epilogue(accs, slice(first, first + noise_cols), dots=dots)
-                     if noise_cols < tile_n else epilogue(accs))
+                     if noise_cols < tile_n else epilogue(accs, dots=dots))
             for c in range(noise_cols // store_cols):
               chunk = slice(c * store_cols, (c + 1) * store_cols)
               for sign in range(2):
