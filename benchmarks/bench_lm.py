@@ -249,8 +249,12 @@ def main(argv=None):
   parser.add_argument("--multi-row-triton", action="store_true",
                       help="members of 64k rows through XLA's GEMM and a Triton pass "
                            "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = False), as before")
+  parser.add_argument("--pipelined-tiles", action="store_true",
+                      help="the fused GEMM's tiles chained into one pipeline "
+                           "(LowRankLinearConfig.gemm_pipelined_tiles)")
   args = parser.parse_args(argv)
-  lm_model.route_multi_row_members(fused=not args.multi_row_triton)
+  lm_model.route_multi_row_members(fused=not args.multi_row_triton,
+                                   pipelined_tiles=args.pipelined_tiles)
   if args.quick:
     config = lm_model.LMConfig(context=8, d_model=16, num_layers=1, num_heads=2,
                                dtype=args.dtype)

@@ -185,15 +185,22 @@ def next_byte_loss(model: TransformerLM, sequences: jax.Array) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-def route_multi_row_members(fused: bool = True, member_dots: bool = True) -> None:
+def route_multi_row_members(fused: bool = True, member_dots: bool = True,
+                            pipelined_tiles: bool = False) -> None:
   """Where members of 64k rows (a sequence each) go: the fused Mosaic GEMM (the default since
   session 31; ``mosaic_gpu_low_rank.MULTI_ROW_MEMBERS``), with ``x B`` formed in the GEMM
   where it can (``member_dots``) or by the operands kernel, or (``fused=False``) XLA's GEMM
-  and a Triton pass, as before. For the LM benchmarks' options."""
+  and a Triton pass, as before; ``pipelined_tiles``: the heuristic configs with
+  ``gemm_pipelined_tiles=True``. For the LM benchmarks' options."""
+  from jaxnoise.ops.virtual_noise import config as config_lib  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank  # pylint: disable=g-import-not-at-top
   mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = fused
   if not member_dots:
     mosaic_gpu_low_rank.member_dots_supported = lambda *_: False
+  if pipelined_tiles:
+    heuristics = config_lib.low_rank_linear_heuristics
+    config_lib.low_rank_linear_heuristics = lambda *args, **kwargs: dataclasses.replace(
+        heuristics(*args, **kwargs), gemm_pipelined_tiles=True)
 
 
 def count_params(model: nnx.Module) -> int:

@@ -47,7 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 
 
-def lower_case(case: str, fields: dict, offset: int = 0, rows: int = 1):
+def lower_case(case: str, fields: dict, offset: int = 0, rows: int = 1,
+               members: int | None = None):
   """``jax.stages.Lowered`` (for CUDA) of the fused forward of EGGROLL's layer for ``case``."""
   sys.path.insert(0, os.path.dirname(HERE))
   import jax  # pylint: disable=g-import-not-at-top
@@ -59,7 +60,7 @@ def lower_case(case: str, fields: dict, offset: int = 0, rows: int = 1):
 
   dtype_name, rank = case.split(":")
   dtype, rank = jnp.dtype(DTYPES[dtype_name]), int(rank)
-  pop, width = 1024 // rows, 8192
+  pop, width = members or 1024 // rows, 8192
   n_rows = pop // 2 * rows  # the per-row operands' length
   config = dataclasses.replace(config_lib.LowRankLinearConfig(fused_gemm=True), **fields)
 
@@ -86,14 +87,15 @@ def lower_case(case: str, fields: dict, offset: int = 0, rows: int = 1):
   return jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",))
 
 
-def _compile_one(plugin: str, case: str, fields: dict, offset: int, rows: int) -> None:
+def _compile_one(plugin: str, case: str, fields: dict, offset: int, rows: int,
+                 members: int | None = None) -> None:
   """In a subprocess: lower one case and compile it deviceless (ptxas prints to stderr)."""
   sys.path.insert(0, HERE)
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
 
   import compile_offline  # pylint: disable=g-import-not-at-top
 
-  lowered = lower_case(case, fields, offset, rows)
+  lowered = lower_case(case, fields, offset, rows, members)
   options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
   start = time.perf_counter()
   try:
@@ -137,16 +139,20 @@ def main(argv=None):
                       help="rows per member (1, or a multiple of 64)")
   parser.add_argument("--sass", metavar="DIR",
                       help="keep the PTX and write the SASS of each case here")
+  parser.add_argument("--members", type=int, default=None,
+                      help="members (default 1024 / rows); more tiles than two per "
+                           "multiprocessor let gemm_pipelined_tiles=True take effect")
   parser.add_argument("--child", help=argparse.SUPPRESS)
   parser.add_argument("cases", nargs="*", default=["bf16:1", "bf16:4", "f32:1", "f32:4"])
   args = parser.parse_args(argv)
   fields = dict(parse_field(text) for text in args.field)
   if args.child:
-    _compile_one(args.plugin, args.child, fields, args.offset, args.rows)
+    _compile_one(args.plugin, args.child, fields, args.offset, args.rows, args.members)
     return
   for case in args.cases:
     command = [sys.executable, os.path.abspath(__file__), "--plugin", args.plugin,
-               "--offset", str(args.offset), "--rows", str(args.rows), "--child", case] + [
+               "--offset", str(args.offset), "--rows", str(args.rows), "--child", case] + (
+                   ["--members", str(args.members)] if args.members else []) + [
                    f"--field={text}" for text in args.field]
     env = {**os.environ, "MOSAIC_GPU_DUMP_PTXAS": "1"}
     dump = None

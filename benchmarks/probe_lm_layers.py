@@ -12,8 +12,10 @@ shape ``in x out`` of the LM (``512x512`` for the attention projections,
 * ``default``: :func:`jaxnoise.virtual_perturbed_linear` with the heuristic
   config (the fused GEMM, ``x B`` formed in it for "binomial");
 * variants of :class:`~jaxnoise.ops.virtual_noise.config.LowRankLinearConfig`'s
-  GEMM fields (``stages2``, ``stages3``, ``tile64``, ``width4``, ``width8``)
-  and ``operands`` (``x B`` from the Triton operands kernel, not the GEMM).
+  GEMM fields (``pipelined``: the tiles chained into one pipeline;
+  ``stages2``, ``stages3``, ``tile64``, ``width1``, ``width4``, ``width8``;
+  the heuristics take width 8 for these members since session 31) and
+  ``operands`` (``x B`` from the Triton operands kernel, not the GEMM).
 
 Each variant's output is compared with ``default``'s (they add the same noise,
 so they agree to the accumulation order).
@@ -44,9 +46,11 @@ from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank  # noqa: E402
 # Variant name -> changes to the heuristic config's fields.
 VARIANTS = {
     "default": {},
+    "pipelined": dict(gemm_pipelined_tiles=True),
     "stages2": dict(gemm_stages=2),
     "stages3": dict(gemm_stages=3),
     "tile64": dict(gemm_tile_n=64),
+    "width1": dict(gemm_grid_width=1),
     "width4": dict(gemm_grid_width=4),
     "width8": dict(gemm_grid_width=8),
     "operands": dict(gemm_member_dots=False),

@@ -54,11 +54,15 @@ def main(argv=None):
                            "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = False), as before")
   parser.add_argument("--no-member-dots", action="store_true",
                       help="fused: x B from the operands kernel, not the GEMM")
+  parser.add_argument("--pipelined-tiles", action="store_true",
+                      help="fused: the GEMM's tiles chained into one pipeline "
+                           "(LowRankLinearConfig.gemm_pipelined_tiles)")
   parser.add_argument("--out", default="benchmarks/out")
   args = parser.parse_args(argv)
   rank = None if args.rank == "full" else int(args.rank)
   lm_model.route_multi_row_members(fused=not args.multi_row_triton,
-                                   member_dots=not args.no_member_dots)
+                                   member_dots=not args.no_member_dots,
+                                   pipelined_tiles=args.pipelined_tiles)
   config = lm_model.LMConfig(dtype=args.dtype)
   result = profiles(config, args.pop, rank, args.tokens_per_chunk, args.calls)
   if result["step"] is None:

@@ -976,10 +976,48 @@ def test_fused_kernel_lowers_inside_shard_map():
 @pytest.mark.parametrize("field,value", [("gemm_tile_n", 96), ("gemm_tile_n", 256),
                                          ("gemm_tile_k", 32),
                                          ("gemm_stages", 0), ("gemm_grid_width", 1.5),
-                                         ("gemm_noise_ahead", -1), ("gemm_noise_ahead", True)])
+                                         ("gemm_noise_ahead", -1), ("gemm_noise_ahead", True),
+                                         ("gemm_pipelined_tiles", 1),
+                                         ("gemm_member_dots", None)])
 def test_fused_gemm_config_is_validated(field, value):
   with pytest.raises(ValueError, match=field):
     config_lib.LowRankLinearConfig(**{field: value}).validate()
+
+
+@pytest.mark.parametrize("rows,dots", [(1, False), (64, True), (128, False)])
+def test_pipelined_tiles_lower_for_hopper(rows, dots):
+  """``gemm_pipelined_tiles``: the tiles chained into one pipeline per multiprocessor where
+  each has two or more (a different kernel), and the plain pipeline where one has fewer."""
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  binomial = noise_lib.get_kind("binomial")
+  pop, out_f, in_f, rank = 512 // rows, 512, 256, 1 if rows == 1 else 2
+
+  def lowered(pipelined, num_sms):
+    config = config_lib.LowRankLinearConfig(gemm_pipelined_tiles=pipelined,
+                                            gemm_member_dots=dots)
+
+    def forward(x, weight, bias, seeds, sigma, keys, coef, bias_coef):
+      operands = (fused.member_dot_operands(seeds, sigma, kind=binomial, offset=7,
+                                            weight_shape=weight.shape, rank=rank,
+                                            dtype=x.dtype)
+                  if dots else (keys, coef, bias_coef))
+      return fused.fused_forward(x, weight, bias, 7, operands, kind=binomial, rank=rank,
+                                 out_dtype=jnp.bfloat16, config=config, num_sms=num_sms)
+
+    pairs = pop // 2 * rows
+    avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
+        ((pop, rows, in_f), jnp.bfloat16), ((out_f, in_f), jnp.bfloat16),
+        ((out_f,), jnp.float32), ((pop,), jnp.uint32), ((), jnp.float32),
+        ((2, pairs), jnp.uint32), ((rank, 2, pairs), jnp.float32), ((2, pairs), jnp.float32)]]
+    text = jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+    return text
+
+  tiles = pop * rows // 2 // fused.TILE_PAIRS * (out_f // 256)  # 8 tiles
+  assert tiles == 8
+  plain = lowered(False, 4)
+  assert lowered(True, 4) != plain  # two tiles a multiprocessor: chained
+  assert lowered(True, 5) == lowered(False, 5)  # some have one: the plain pipeline
 
 
 @pytest.mark.parametrize("rows,width", [(1, 1), (64, 8), (192, 8)])
@@ -1050,6 +1088,48 @@ def test_fused_forward_multi_row_members_compiled_on_hopper(rng, kind, dtype, ro
   expected = _dense_linear(x, weight, bias, seeds, 0.5, offset, kind, True, rank)
   np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2e-2,
                              atol=1e-2 * float(jnp.abs(expected).max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,rows,pop,out_f,rank,dtype", [
+    ("binomial", 64, 128, 2048, 1, jnp.bfloat16),   # member dots; 512 tiles, 8 steps each
+    ("normal", 64, 128, 2048, 4, jnp.bfloat16),     # x B from the operands kernel
+    ("binomial", 1, 4096, 4096, 2, jnp.bfloat16),   # one row a member
+    ("rademacher", 128, 64, 2048, 1, jnp.float32)])
+def test_fused_forward_pipelined_tiles_compiled_on_hopper(rng, kind, rows, pop, out_f, rank,
+                                                          dtype):
+  """Tiles chained into one pipeline per multiprocessor give the plain pipeline's output bit
+  for bit (the same arithmetic, another schedule), and the reference's."""
+  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  if not _mosaic.is_hopper():
+    pytest.skip("needs a Hopper GPU")
+  in_f, offset = 512, (1 << 32) + 5
+  x = _normal(rng, (pop, rows, in_f), dtype)
+  weight = _normal(rng, (out_f, in_f), dtype) * 0.1
+  bias = _normal(rng, (out_f,))
+  seeds = _seeds(rng, pop, antithetic=True)
+  tiles = pop * rows // 2 // fused.TILE_PAIRS * (out_f // 256)
+  assert tiles >= 2 * _num_sms_of_device()
+
+  def forward(pipelined):
+    config = config_lib.LowRankLinearConfig(fused_gemm=True, gemm_pipelined_tiles=pipelined,
+                                            gemm_grid_width=8 if rows > 1 else 1)
+    return jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
+        x, weight, bias, seeds, 0.5, offset, kind=kind, antithetic=True, rank=rank,
+        out_dtype=dtype, implementation="pallas", config=config))
+
+  chained, plain = forward(True), forward(False)
+  assert chained.lower(x).as_text() != plain.lower(x).as_text()
+  y = chained(x)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(plain(x), np.float32))
+  expected = _dense_linear(x[:8], weight, bias, seeds[:8], 0.5, offset, kind, True, rank)
+  np.testing.assert_allclose(y[:8].astype(jnp.float32), expected, rtol=2e-2,
+                             atol=1e-2 * float(jnp.abs(expected).max()))
+
+
+def _num_sms_of_device():
+  return int(jax.devices()[0].core_count)
 
 
 @pytest.mark.gpu

@@ -363,6 +363,15 @@ class LowRankLinearConfig:
       ``pop / 2 * r * in`` values) loaded beside ``x``, instead of a kernel
       that reads all of ``x`` once more first
       (:func:`~jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank.member_dots_supported`).
+    gemm_pipelined_tiles: the fused GEMM's tiles as one pipeline per
+      multiprocessor (Pallas' pipeline of pipelines): the producer warpgroup
+      loads a tile's first steps while the previous tile's last steps and
+      epilogue run, instead of after the previous tile's last step. For
+      shallow layers (the LM's 512-deep ones: 8 steps a tile), where that
+      wait is a large part of a tile. Taken where the steps divide by the
+      pipeline depth and every multiprocessor has two tiles or more
+      (:func:`~jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank.pipelined_tiles`).
+      Off until a GPU has run it (built in session 31 without one).
   """
 
   block_batch: int = 1
@@ -379,6 +388,7 @@ class LowRankLinearConfig:
   gemm_grid_width: int = 1
   gemm_noise_ahead: int = 0
   gemm_member_dots: bool = True
+  gemm_pipelined_tiles: bool = False
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")
@@ -395,6 +405,10 @@ class LowRankLinearConfig:
     if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
       raise ValueError(
           f"LowRankLinearConfig.gemm_noise_ahead must be a non-negative int, got {ahead!r}")
+    for name in ("gemm_member_dots", "gemm_pipelined_tiles"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"LowRankLinearConfig.{name} must be a bool, got "
+                         f"{getattr(self, name)!r}")
     return self
 
 

@@ -260,6 +260,26 @@ def multi_row_bytes(config: config_lib.LowRankLinearConfig, rank: int, with_bias
   return vectors + (factor_tiles if member_dots else 0)
 
 
+def pipelined_tiles(config: config_lib.LowRankLinearConfig, n_steps: int, stages: int,
+                    tiles: int, num_sms: int) -> bool:
+  """Whether the GEMM runs its tiles as one pipeline per multiprocessor
+  (``config.gemm_pipelined_tiles``, Pallas' ``pipeline_state``).
+
+  Pallas chains pipelines only where a tile's ``n_steps`` divide by the
+  pipeline's depth; the first tile of a multiprocessor starts the chain and
+  its last one stops it, so each multiprocessor needs two tiles at least.
+
+  Example:
+    >>> config = config_lib.LowRankLinearConfig(gemm_pipelined_tiles=True)
+    >>> pipelined_tiles(config, 8, 4, 16384, 132), pipelined_tiles(config, 10, 4, 16384, 132)
+    (True, False)
+    >>> pipelined_tiles(config, 8, 4, 200, 132)  # some multiprocessors have one tile
+    False
+  """
+  return (config.gemm_pipelined_tiles and n_steps % stages == 0
+          and tiles >= 2 * num_sms)
+
+
 def hashed_columns(tile_n: int) -> int:
   """Columns of a pair's noise vectors that a warpgroup hashes per tile of 64k rows: its
   ``tile_n``, at least one a thread (at ``tile_n = 64`` the last 64 are hashed and unused).
@@ -484,7 +504,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                     kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
                     bias_start: int | None, config: config_lib.LowRankLinearConfig,
                     stages: int, store_cols: int, ahead: int, member_rows: int,
-                    member_dots: bool = False):
+                    member_dots: bool = False, pipelined: bool = False):
   factors_gmem = scalars_gmem = bias_coef_gmem = None
   if member_dots:  # (keys, factors, scalars[, bias], out): MemberDotOperands
     factors_gmem, coef_gmem, (scalars_gmem, *refs) = coef_gmem, None, refs
@@ -521,14 +541,15 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   factor_specs = [plgpu.BlockSpec((DOT_COLS, tile_k), lambda k: (0, k), transforms=transforms,
                                   memory_space=plgpu.SMEM)] if member_dots else []
 
-  def pipeline(body, context):
+  def pipeline(body, context, state=None):
+    """The tile's pipeline; ``state`` (:func:`pipelined_tiles`): its place in the chain."""
     return plgpu.emit_pipeline_warp_specialized(
         body, grid=(depth // tile_k,), memory_registers=40,
         in_specs=[x_spec, x_spec,
                   plgpu.BlockSpec((cta_n, tile_k), lambda k: (0, k), transforms=transforms,
                                   memory_space=plgpu.SMEM)] + factor_specs,
         wg_axis="wg", num_compute_wgs=_COMPUTE_WARPGROUPS, max_concurrent_steps=stages,
-        compute_context=context)
+        compute_context=context, pipeline_state=state)
 
   def ignore(*_, **__):
     return None
@@ -759,9 +780,16 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         plgpu.wgmma_wait(0)
         return accs
 
-      pipeline(multiply, context)(*x_rows, w_gmem.at[pl.ds(n_index * cta_n, cta_n), :],
-                                  *(factor_rows if member_dots else ()),
-                                  allocations=allocations)
+      state = None
+      if pipelined:
+        # The first tile of this multiprocessor starts the chain, its last one stops it.
+        chain = plgpu.PipelinePipeline
+        state = jnp.where(info.local_index == 0, chain.START,
+                          jnp.where(info.local_index == info.num_local_steps - 1, chain.STOP,
+                                    chain.STEADY))
+      pipeline(multiply, context, state)(
+          *x_rows, w_gmem.at[pl.ds(n_index * cta_n, cta_n), :],
+          *(factor_rows if member_dots else ()), allocations=allocations)
 
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -813,8 +841,14 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
         config, itemsize, out_itemsize,
         multi_row_bytes(config, rank, bias is not None, itemsize, member_dots))
     ahead = 0
+  num_sms = num_sms or _num_sms()
+  tiles = (pop * member_rows // 2 // TILE_PAIRS) * (
+      out_features // (_COMPUTE_WARPGROUPS * config.gemm_tile_n))
+  pipelined = pipelined_tiles(config, in_features // step_depth(config, itemsize), stages,
+                              tiles, num_sms)
   body = functools.partial(_forward_kernel, config=config, stages=stages, store_cols=store_cols,
                            ahead=ahead, member_rows=member_rows, member_dots=member_dots,
+                           pipelined=pipelined,
                            **_statics(kind, weight.shape, offset, rank, bias is not None))
   if member_rows == 1:  # row j: [x_2j | x_2j+1], the output the same way
     x_rows, out_shape = x.reshape(pop // 2, 2 * in_features), (pop // 2, 2 * out_features)
@@ -823,7 +857,7 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
                                                                      out_features)
   call = _mosaic.kernel(
       body, out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
-      grid=(num_sms or _num_sms(),), grid_names=("sm",),
+      grid=(num_sms,), grid_names=("sm",),
       num_threads=_COMPUTE_WARPGROUPS + 1, thread_name="wg")
   if member_dots:
     bias_operands = () if bias is None else (bias.astype(_F32),)
