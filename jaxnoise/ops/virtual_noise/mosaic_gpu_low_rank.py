@@ -504,7 +504,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                     kind: noise_lib.NoiseKind, index_hi: int, a_starts: tuple,
                     bias_start: int | None, config: config_lib.LowRankLinearConfig,
                     stages: int, store_cols: int, ahead: int, member_rows: int,
-                    member_dots: bool = False, pipelined: bool = False):
+                    member_dots: bool = False, num_sms: int):
   factors_gmem = scalars_gmem = bias_coef_gmem = None
   if member_dots:  # (keys, factors, scalars[, bias], out): MemberDotOperands
     factors_gmem, coef_gmem, (scalars_gmem, *refs) = coef_gmem, None, refs
@@ -527,6 +527,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
                     plgpu.SwizzleTransform(out_swizzle))
   m_tiles, n_tiles = n_rows // TILE_PAIRS, n_out // cta_n
   n_steps = depth // tile_k
+  pipelined = pipelined_tiles(config, n_steps, stages, m_tiles * n_tiles, num_sms)
   a_stride = n_out + depth  # component c's A starts c * (out + in) after component 0's
   column_starts = a_starts + (() if bias_start is None else (bias_start,))
   # Codes hashed ahead: (64, piece_cols) pieces of 32-byte rows.
@@ -842,13 +843,9 @@ def fused_forward(x, weight, bias, offset: int, operands, *, kind: noise_lib.Noi
         multi_row_bytes(config, rank, bias is not None, itemsize, member_dots))
     ahead = 0
   num_sms = num_sms or _num_sms()
-  tiles = (pop * member_rows // 2 // TILE_PAIRS) * (
-      out_features // (_COMPUTE_WARPGROUPS * config.gemm_tile_n))
-  pipelined = pipelined_tiles(config, in_features // step_depth(config, itemsize), stages,
-                              tiles, num_sms)
   body = functools.partial(_forward_kernel, config=config, stages=stages, store_cols=store_cols,
                            ahead=ahead, member_rows=member_rows, member_dots=member_dots,
-                           pipelined=pipelined,
+                           num_sms=num_sms,
                            **_statics(kind, weight.shape, offset, rank, bias is not None))
   if member_rows == 1:  # row j: [x_2j | x_2j+1], the output the same way
     x_rows, out_shape = x.reshape(pop // 2, 2 * in_features), (pop // 2, 2 * out_features)
