@@ -243,18 +243,9 @@ def main(argv=None):
                       help="seconds of timed steps per case; also the skip threshold")
   parser.add_argument("--budget", type=float, default=170.0,
                       help="total seconds; later cases are skipped once spent")
-  parser.add_argument("--multi-row-fused", action="store_true",
-                      help="members of 64k rows through the fused Mosaic GEMM: the default "
-                           "since session 31 (kept for the run scripts that name it)")
-  parser.add_argument("--multi-row-triton", action="store_true",
-                      help="members of 64k rows through XLA's GEMM and a Triton pass "
-                           "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = False), as before")
-  parser.add_argument("--pipelined-tiles", action="store_true",
-                      help="the fused GEMM's tiles chained into one pipeline "
-                           "(LowRankLinearConfig.gemm_pipelined_tiles)")
+  lm_model.add_route_arguments(parser)
   args = parser.parse_args(argv)
-  lm_model.route_multi_row_members(fused=not args.multi_row_triton,
-                                   pipelined_tiles=args.pipelined_tiles)
+  lm_model.route_from_arguments(args)
   if args.quick:
     config = lm_model.LMConfig(context=8, d_model=16, num_layers=1, num_heads=2,
                                dtype=args.dtype)

@@ -191,7 +191,8 @@ def route_multi_row_members(fused: bool = True, member_dots: bool = True,
   session 31; ``mosaic_gpu_low_rank.MULTI_ROW_MEMBERS``), with ``x B`` formed in the GEMM
   where it can (``member_dots``) or by the operands kernel, or (``fused=False``) XLA's GEMM
   and a Triton pass, as before; ``pipelined_tiles``: the heuristic configs with
-  ``gemm_pipelined_tiles=True``. For the LM benchmarks' options."""
+  ``gemm_pipelined_tiles=True``. For the LM benchmarks' options
+  (:func:`add_route_arguments`)."""
   from jaxnoise.ops.virtual_noise import config as config_lib  # pylint: disable=g-import-not-at-top
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank  # pylint: disable=g-import-not-at-top
   mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = fused
@@ -201,6 +202,28 @@ def route_multi_row_members(fused: bool = True, member_dots: bool = True,
     heuristics = config_lib.low_rank_linear_heuristics
     config_lib.low_rank_linear_heuristics = lambda *args, **kwargs: dataclasses.replace(
         heuristics(*args, **kwargs), gemm_pipelined_tiles=True)
+
+
+def add_route_arguments(parser) -> None:
+  """The LM benchmarks' options for :func:`route_multi_row_members` (an ``argparse`` parser);
+  :func:`route_from_arguments` applies them."""
+  parser.add_argument("--multi-row-fused", action="store_true",
+                      help="members of 64k rows through the fused Mosaic GEMM: the default "
+                           "since session 31 (kept for the run scripts that name it)")
+  parser.add_argument("--multi-row-triton", action="store_true",
+                      help="members of 64k rows through XLA's GEMM and a Triton pass "
+                           "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = False), as before")
+  parser.add_argument("--no-member-dots", action="store_true",
+                      help="fused: x B from the operands kernel, not the GEMM")
+  parser.add_argument("--pipelined-tiles", action="store_true",
+                      help="fused: the GEMM's tiles chained into one pipeline "
+                           "(LowRankLinearConfig.gemm_pipelined_tiles)")
+
+
+def route_from_arguments(args) -> None:
+  """:func:`route_multi_row_members` as :func:`add_route_arguments`' options ask."""
+  route_multi_row_members(fused=not args.multi_row_triton, member_dots=not args.no_member_dots,
+                          pipelined_tiles=args.pipelined_tiles)
 
 
 def count_params(model: nnx.Module) -> int:

@@ -46,23 +46,11 @@ def main(argv=None):
   parser.add_argument("--tokens-per-chunk", type=int, default=1 << 20)
   parser.add_argument("--calls", type=int, default=3)
   parser.add_argument("--top", type=int, default=25, help="kernels printed per profile")
-  parser.add_argument("--multi-row-fused", action="store_true",
-                      help="members of 64k rows through the fused Mosaic GEMM: the default "
-                           "since session 31 (kept for the run scripts that name it)")
-  parser.add_argument("--multi-row-triton", action="store_true",
-                      help="members of 64k rows through XLA's GEMM and a Triton pass "
-                           "(mosaic_gpu_low_rank.MULTI_ROW_MEMBERS = False), as before")
-  parser.add_argument("--no-member-dots", action="store_true",
-                      help="fused: x B from the operands kernel, not the GEMM")
-  parser.add_argument("--pipelined-tiles", action="store_true",
-                      help="fused: the GEMM's tiles chained into one pipeline "
-                           "(LowRankLinearConfig.gemm_pipelined_tiles)")
+  lm_model.add_route_arguments(parser)
   parser.add_argument("--out", default="benchmarks/out")
   args = parser.parse_args(argv)
   rank = None if args.rank == "full" else int(args.rank)
-  lm_model.route_multi_row_members(fused=not args.multi_row_triton,
-                                   member_dots=not args.no_member_dots,
-                                   pipelined_tiles=args.pipelined_tiles)
+  lm_model.route_from_arguments(args)
   config = lm_model.LMConfig(dtype=args.dtype)
   result = profiles(config, args.pop, rank, args.tokens_per_chunk, args.calls)
   if result["step"] is None:
