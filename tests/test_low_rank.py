@@ -990,14 +990,27 @@ def test_fused_gemm_config_is_validated(field, value):
 
 
 @pytest.mark.parametrize("rows,dots", [(1, False), (64, True), (128, False)])
-def test_pipelined_tiles_lower_for_hopper(rows, dots):
+def test_pipelined_tiles_lower_for_hopper(rows, dots, monkeypatch):
   """``gemm_pipelined_tiles``: the tiles chained into one pipeline per multiprocessor where
-  each has two or more (a different kernel), and the plain pipeline where one has fewer."""
+  each has two or more, and the plain pipeline where one has fewer.
+
+  What the kernel asks Pallas for is read from the ``pipeline_state`` it passes (the
+  lowered text cannot show it on every jax: from 0.11 the Mosaic module is serialized with
+  its source locations, which differ between the two configs)."""
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   binomial = noise_lib.get_kind("binomial")
   pop, out_f, in_f, rank = 512 // rows, 512, 256, 1 if rows == 1 else 2
+  states = []
+  emit = fused.plgpu.emit_pipeline_warp_specialized
 
-  def lowered(pipelined, num_sms):
+  def spy(*args, pipeline_state=None, **kwargs):
+    states.append(pipeline_state is not None)
+    return emit(*args, pipeline_state=pipeline_state, **kwargs)
+
+  monkeypatch.setattr(fused.plgpu, "emit_pipeline_warp_specialized", spy)
+
+  def chained(pipelined, num_sms):
+    """Whether the tile loop's pipeline is chained (after lowering the kernel for CUDA)."""
     config = config_lib.LowRankLinearConfig(gemm_pipelined_tiles=pipelined,
                                             gemm_member_dots=dots)
 
@@ -1014,22 +1027,27 @@ def test_pipelined_tiles_lower_for_hopper(rows, dots):
         ((pop, rows, in_f), jnp.bfloat16), ((out_f, in_f), jnp.bfloat16),
         ((out_f,), jnp.float32), ((pop,), jnp.uint32), ((), jnp.float32),
         ((2, pairs), jnp.uint32), ((rank, 2, pairs), jnp.float32), ((2, pairs), jnp.float32)]]
+    states.clear()
     text = jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
-    return text
+    # The allocations' pipeline is never chained; the tile loop's is the last one built.
+    assert states and not states[0]
+    return states[-1]
 
   tiles = pop * rows // 2 // fused.TILE_PAIRS * (out_f // 256)  # 8 tiles
   assert tiles == 8
-  plain = lowered(False, 4)
-  assert lowered(True, 4) != plain  # two tiles a multiprocessor: chained
-  assert lowered(True, 5) == lowered(False, 5)  # some have one: the plain pipeline
+  assert chained(True, 4)  # two tiles a multiprocessor: chained
+  assert not chained(False, 4)
+  assert not chained(True, 5)  # some have one: the plain pipeline
 
 
 @pytest.mark.parametrize("rows,width", [(1, 1), (64, 8), (192, 8)])
 def test_heuristics_walk_wide_bands_for_members_of_several_rows(rows, width):
-  """The fused GEMM's tile order: bands of 1 column tile for one row a member, 8 above."""
+  """The fused GEMM's tile order: bands of 1 column tile for one row a member, 8 above, and
+  there a multiprocessor's tiles chained into one pipeline."""
   config = config_lib.low_rank_linear_heuristics(rows, 512, 2048, 1, "binomial").validate()
   assert config.fused_gemm and config.gemm_grid_width == width
+  assert config.gemm_pipelined_tiles == (rows > 1)
 
 
 @pytest.mark.gpu

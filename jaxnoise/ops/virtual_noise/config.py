@@ -371,7 +371,8 @@ class LowRankLinearConfig:
       wait is a large part of a tile. Taken where the steps divide by the
       pipeline depth and every multiprocessor has two tiles or more
       (:func:`~jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank.pipelined_tiles`).
-      Off until a GPU has run it (built in session 31 without one).
+      :func:`low_rank_linear_heuristics` turns it on for members of several
+      rows (measured there); a config built by hand has it off.
   """
 
   block_batch: int = 1
@@ -464,11 +465,17 @@ def low_rank_linear_heuristics(batch: int, n_reduce: int, n_emit: int, rank: int
   # less device time than bands of 1 (1.234 -> 1.143 ms at 512x512, 4.967 -> 4.334 at
   # 512x2048, 4.094 -> 3.854 at 2048x512, rank 1; 6-13% at rank 4); 4 within 1% of 8.
   grid_width = 8 if batch > 1 else 1
+  # And a multiprocessor's tiles chained into one pipeline (the next tile's loads overlap
+  # the last steps and the epilogue). Session 32, H100, bf16, 16,384 members of 64 rows:
+  # the LM's 512x512 layer 1.135 -> 1.048 ms at rank 1 (1.183 -> 1.152 at rank 4), its
+  # whole step 118.05 -> 115.64 ms; one row a member (128-step tiles) not measured.
+  pipelined = batch > 1
   return LowRankLinearConfig(block_batch=block_batch, block_reduce=block_reduce,
                              block_emit=block_emit, num_warps=warps,
                              num_stages=1,
                              materialize=rank > MAX_KERNEL_RANK, fuse_base=True,
-                             fused_gemm=fused_gemm, gemm_grid_width=grid_width)
+                             fused_gemm=fused_gemm, gemm_grid_width=grid_width,
+                             gemm_pipelined_tiles=pipelined)
 
 
 # LowRankGradientConfig.splits_for: programs a split contraction aims at (about four per
