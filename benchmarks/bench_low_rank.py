@@ -297,7 +297,6 @@ def bench_cases(quick: bool, implementation: str, eggroll_path: str | None, kind
         if default.fused_gemm:  # the fused GEMM with components hashed in its main loop
           others = [(f"ahead={a}", dict(gemm_noise_ahead=a)) for a in sorted({1, rank})]
           others.append(("stages=3", dict(gemm_stages=3, gemm_noise_ahead=0)))
-          others.append(("delay", dict(gemm_delay_release=True, gemm_pipelined_tiles=False)))
           for variant, fields in others:
             if all(getattr(default, k) == v for k, v in fields.items()):
               continue  # the default's row above

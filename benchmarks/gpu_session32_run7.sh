@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran on the tree of commit 4268266 (gemm_delay_release was removed after this run).
 # Session 32 run 7: the fused GEMM's buffers released a step late (gemm_delay_release, new,
 # off): (1) its compiled tests and the lowering tests of the chain's spy (mended after run 5);
 # (2) the LM's 512x512 and 2048x512 layers: the default (chained tiles), plain, delayed;

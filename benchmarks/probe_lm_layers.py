@@ -16,8 +16,7 @@ shape ``in x out`` of the LM (``512x512`` for the attention projections,
   config (the fused GEMM, ``x B`` formed in it for "binomial");
 * variants of :class:`~jaxnoise.ops.virtual_noise.config.LowRankLinearConfig`'s
   GEMM fields (``pipelined``: the tiles chained into one pipeline, the
-  heuristics' choice since session 32, ``plain`` without it; ``delay``:
-  unchained, buffers released a step late;
+  heuristics' choice since session 32, ``plain`` without it;
   ``stages2``, ``stages3``, ``tile64``, ``width1``, ``width4``, ``width8``;
   the heuristics take width 8 for these members since session 31) and
   ``operands`` (``x B`` from the Triton operands kernel, not the GEMM).
@@ -54,7 +53,6 @@ VARIANTS = {
     "default": {},
     "pipelined": dict(gemm_pipelined_tiles=True),
     "plain": dict(gemm_pipelined_tiles=False),
-    "delay": dict(gemm_pipelined_tiles=False, gemm_delay_release=True),
     "stages2": dict(gemm_stages=2),
     "stages3": dict(gemm_stages=3),
     "tile64": dict(gemm_tile_n=64),

@@ -983,66 +983,10 @@ def test_fused_kernel_lowers_inside_shard_map():
                                          ("gemm_stages", 0), ("gemm_grid_width", 1.5),
                                          ("gemm_noise_ahead", -1), ("gemm_noise_ahead", True),
                                          ("gemm_pipelined_tiles", 1),
-                                         ("gemm_delay_release", 1),
                                          ("gemm_member_dots", None)])
 def test_fused_gemm_config_is_validated(field, value):
   with pytest.raises(ValueError, match=field):
     config_lib.LowRankLinearConfig(**{field: value}).validate()
-
-
-def test_fused_gemm_config_rejects_delayed_release_with_chained_tiles():
-  with pytest.raises(ValueError, match="gemm_delay_release and gemm_pipelined_tiles"):
-    config_lib.LowRankLinearConfig(gemm_delay_release=True,
-                                   gemm_pipelined_tiles=True).validate()
-
-
-@pytest.mark.parametrize("rows,dots,in_f,waits", [
-    (1, False, 256, 2), (64, True, 256, 4), (128, False, 640, 2),
-    (64, True, 64, 0)])  # one step: nothing to delay
-def test_delay_release_lowers_for_hopper(rows, dots, in_f, waits, monkeypatch):
-  """``gemm_delay_release``: every pipelined input released a step late, and each step
-  waits only for the previous step's wgmmas (2 commit groups a step, 4 with member dots)."""
-  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
-  binomial = noise_lib.get_kind("binomial")
-  pop, out_f, rank = 512 // rows, 512, 1 if rows == 1 else 2
-  calls = dict(delays=[], waits=[])
-  block_spec, wgmma_wait = fused.plgpu.BlockSpec, fused.plgpu.wgmma_wait
-
-  def spec_spy(*args, delay_release=0, **kwargs):
-    calls["delays"].append(delay_release)
-    return block_spec(*args, delay_release=delay_release, **kwargs)
-
-  def wait_spy(n):
-    calls["waits"].append(n)
-    return wgmma_wait(n)
-
-  monkeypatch.setattr(fused.plgpu, "BlockSpec", spec_spy)
-  monkeypatch.setattr(fused.plgpu, "wgmma_wait", wait_spy)
-
-  def lower(delay):
-    config = config_lib.LowRankLinearConfig(gemm_delay_release=delay, gemm_member_dots=dots)
-
-    def forward(x, weight, bias, seeds, sigma, keys, coef, bias_coef):
-      operands = (fused.member_dot_operands(seeds, sigma, kind=binomial, offset=7,
-                                            weight_shape=weight.shape, rank=rank,
-                                            dtype=x.dtype)
-                  if dots else (keys, coef, bias_coef))
-      return fused.fused_forward(x, weight, bias, 7, operands, kind=binomial, rank=rank,
-                                 out_dtype=jnp.bfloat16, config=config, num_sms=4)
-
-    pairs = pop // 2 * rows
-    avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
-        ((pop, rows, in_f), jnp.bfloat16), ((out_f, in_f), jnp.bfloat16),
-        ((out_f,), jnp.float32), ((pop,), jnp.uint32), ((), jnp.float32),
-        ((2, pairs), jnp.uint32), ((rank, 2, pairs), jnp.float32), ((2, pairs), jnp.float32)]]
-    calls["delays"].clear()
-    calls["waits"].clear()
-    text = jax.jit(forward).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-    assert "mosaic_gpu" in text
-    return set(calls["delays"]), set(calls["waits"])
-
-  assert lower(False) == ({0}, {0})
-  assert lower(True) == ({int(waits > 0)}, {waits})
 
 
 @pytest.mark.parametrize("rows,dots", [(1, False), (64, True), (128, False)])
@@ -1201,41 +1145,6 @@ def test_fused_forward_pipelined_tiles_compiled_on_hopper(rng, kind, rows, pop, 
   chained, plain = forward(True), forward(False)
   assert chained.lower(x).as_text() != plain.lower(x).as_text()
   y = chained(x)
-  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(plain(x), np.float32))
-  expected = _dense_linear(x[:8], weight, bias, seeds[:8], 0.5, offset, kind, True, rank)
-  np.testing.assert_allclose(y[:8].astype(jnp.float32), expected, rtol=2e-2,
-                             atol=1e-2 * float(jnp.abs(expected).max()))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kind,rows,pop,out_f,in_f,rank,dtype", [
-    ("binomial", 64, 32, 2048, 512, 1, jnp.bfloat16),   # member dots, 8 steps a tile
-    ("normal", 64, 16, 1024, 640, 4, jnp.bfloat16),     # operands kernel; 10 steps, 4 stages
-    ("binomial", 1, 1024, 4096, 1024, 4, jnp.bfloat16),  # one row a member
-    ("uniform", 1, 384, 512, 192, 2, jnp.float32),       # 6 steps of 32 (TF32)
-    ("rademacher", 128, 16, 512, 512, 1, jnp.float32)])
-def test_fused_forward_delay_release_compiled_on_hopper(rng, kind, rows, pop, out_f, in_f,
-                                                        rank, dtype):
-  """Buffers released a step late (a step's wgmmas kept in flight) give the plain pipeline's
-  output bit for bit (the same arithmetic, another schedule), and the reference's."""
-  from jaxnoise.ops import _mosaic  # pylint: disable=g-import-not-at-top
-  if not _mosaic.is_hopper():
-    pytest.skip("needs a Hopper GPU")
-  offset = (1 << 32) + 5
-  x = _normal(rng, (pop, rows, in_f), dtype)
-  weight = _normal(rng, (out_f, in_f), dtype) * 0.1
-  bias = _normal(rng, (out_f,))
-  seeds = _seeds(rng, pop, antithetic=True)
-
-  def forward(delay):
-    config = config_lib.LowRankLinearConfig(fused_gemm=True, gemm_delay_release=delay,
-                                            gemm_grid_width=8 if rows > 1 else 1)
-    return jax.jit(lambda x: jaxnoise.virtual_perturbed_linear(
-        x, weight, bias, seeds, 0.5, offset, kind=kind, antithetic=True, rank=rank,
-        out_dtype=dtype, implementation="pallas", config=config))
-
-  delayed, plain = forward(True), forward(False)
-  y = delayed(x)
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(plain(x), np.float32))
   expected = _dense_linear(x[:8], weight, bias, seeds[:8], 0.5, offset, kind, True, rank)
   np.testing.assert_allclose(y[:8].astype(jnp.float32), expected, rtol=2e-2,

@@ -373,12 +373,6 @@ class LowRankLinearConfig:
       (:func:`~jaxnoise.ops.virtual_noise.mosaic_gpu_low_rank.pipelined_tiles`).
       :func:`low_rank_linear_heuristics` turns it on for members of several
       rows (measured there); a config built by hand has it off.
-    gemm_delay_release: each pipeline step's shared-memory buffers are
-      released one step later, so a compute warpgroup waits only for the
-      previous step's ``wgmma``s and keeps the current step's in flight
-      while it takes the next step (Pallas' ``delay_release``; the pipeline
-      needs two stages or more and is then never chained, so it cannot be
-      set with ``gemm_pipelined_tiles``). Off by default (an experiment).
   """
 
   block_batch: int = 1
@@ -396,7 +390,6 @@ class LowRankLinearConfig:
   gemm_noise_ahead: int = 0
   gemm_member_dots: bool = True
   gemm_pipelined_tiles: bool = False
-  gemm_delay_release: bool = False
 
   def validate(self) -> "LowRankLinearConfig":
     _check_pow2(self, "block_batch")
@@ -413,13 +406,10 @@ class LowRankLinearConfig:
     if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
       raise ValueError(
           f"LowRankLinearConfig.gemm_noise_ahead must be a non-negative int, got {ahead!r}")
-    for name in ("gemm_member_dots", "gemm_pipelined_tiles", "gemm_delay_release"):
+    for name in ("gemm_member_dots", "gemm_pipelined_tiles"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"LowRankLinearConfig.{name} must be a bool, got "
                          f"{getattr(self, name)!r}")
-    if self.gemm_delay_release and self.gemm_pipelined_tiles:
-      raise ValueError("LowRankLinearConfig.gemm_delay_release and gemm_pipelined_tiles cannot "
-                       "both be set: Pallas does not chain pipelines that delay their releases")
     return self
 
 

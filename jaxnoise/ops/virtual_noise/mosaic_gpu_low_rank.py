@@ -528,8 +528,6 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   m_tiles, n_tiles = n_rows // TILE_PAIRS, n_out // cta_n
   n_steps = depth // tile_k
   pipelined = pipelined_tiles(config, n_steps, stages, m_tiles * n_tiles, num_sms)
-  # Buffers released a step late (config.gemm_delay_release): needs a second stage.
-  delay = int(config.gemm_delay_release and stages > 1 and n_steps > 1)
   a_stride = n_out + depth  # component c's A starts c * (out + in) after component 0's
   column_starts = a_starts + (() if bias_start is None else (bias_start,))
   # Codes hashed ahead: (64, piece_cols) pieces of 32-byte rows.
@@ -539,11 +537,10 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
   blocks = tile_n // piece_cols
   per_step, spacing = ahead_schedule(n_steps, ahead * blocks) if ahead else (0, 1)
   x_spec = plgpu.BlockSpec((TILE_PAIRS, tile_k), lambda k: (0, k), transforms=transforms,
-                           memory_space=plgpu.SMEM, delay_release=delay)
+                           memory_space=plgpu.SMEM)
   # Member dots: the pair's B factor rows (DOT_COLS from its first, the rest unused).
   factor_specs = [plgpu.BlockSpec((DOT_COLS, tile_k), lambda k: (0, k), transforms=transforms,
-                                  memory_space=plgpu.SMEM, delay_release=delay)
-                  ] if member_dots else []
+                                  memory_space=plgpu.SMEM)] if member_dots else []
 
   def pipeline(body, context, state=None):
     """The tile's pipeline; ``state`` (:func:`pipelined_tiles`): its place in the chain."""
@@ -551,7 +548,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         body, grid=(depth // tile_k,), memory_registers=40,
         in_specs=[x_spec, x_spec,
                   plgpu.BlockSpec((cta_n, tile_k), lambda k: (0, k), transforms=transforms,
-                                  memory_space=plgpu.SMEM, delay_release=delay)] + factor_specs,
+                                  memory_space=plgpu.SMEM)] + factor_specs,
         wg_axis="wg", num_compute_wgs=_COMPUTE_WARPGROUPS, max_concurrent_steps=stages,
         compute_context=context, pipeline_state=state)
 
@@ -781,10 +778,7 @@ def _forward_kernel(x_gmem, w_gmem, keys_gmem, coef_gmem, *refs,
         if ahead:
           # While the step's wgmmas run; no accumulator is touched (ptxas's C7515).
           hash_ahead(indices[0])
-        # Each wgmma above is a commit group. With a delayed release this step's stay in
-        # flight (the previous step's buffers are released after this body); the epilogue's
-        # reads of the accumulators wait for them.
-        plgpu.wgmma_wait(delay * (4 if member_dots else 2))
+        plgpu.wgmma_wait(0)
         return accs
 
       state = None
