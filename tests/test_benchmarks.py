@@ -69,6 +69,14 @@ def test_lm_layers_probe_quick(tmp_path):
   assert record["stages2_max_diff"] == 0.0 and record["operands_max_diff"] < 1e-2, record
 
 
+def test_lm_layer_profile_script_quick(tmp_path):
+  """The Nsight Compute driver runs the XLA floor and the fused GEMM (interpreter)."""
+  _run(tmp_path, "profile_lm_layer.py", "--quick")
+  with open(tmp_path / "lm_layer_profile.json") as f:
+    record = json.load(f)
+  assert record["finite"] and record["output"] == [4, 64, 256], record
+
+
 def test_scaling_benchmark_quick(tmp_path):
   _run(tmp_path, "bench_scaling.py", "--quick", "--cases", "exact,mlp,lm",
        "--modes", "replicated,fsdp_eval")
