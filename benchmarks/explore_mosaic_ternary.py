@@ -99,12 +99,11 @@ def a_step_from_threads(packed_step: np.ndarray) -> np.ndarray:
 
 def check(seed: int = 0) -> None:
   """The decode model and the permutation give ``x T^T`` exactly (NumPy, fresh codes)."""
-  from jaxnoise.ops.ternary import packing  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   C, n_out, n_in, batch = 3, 8, 192, 5
   lv = 2 * C - 1
-  codes = rng.integers(0, 3 * lv, size=(n_out, n_in), dtype=np.int32)
-  packed = np.asarray(packing.pack_codes(jnp.asarray(codes), C=C, implementation="reference"))
+  codes, packed, _ = _random_layer(rng, n_out, n_in, C)
+  packed = np.asarray(packed)
   ternary = codes // lv - 1
   x = rng.integers(-4, 5, size=(batch, n_in)).astype(np.float32)
   per_step = packed.reshape(n_out, n_in // STEP, 48)
@@ -284,22 +283,9 @@ def lower(batch: int = 16, n: int = 4096, C: int = 3) -> str:
 
 
 def _compile_child(plugin: str, batch: int) -> None:
-  """Compile the lowered kernel for an H200 with a PJRT CUDA plugin's XLA, no GPU (ptxas's
-  report goes to stderr; the host launcher's link error after it is expected)."""
-  import time  # pylint: disable=g-import-not-at-top
-  from jax._src import compiler  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  import compile_offline  # pylint: disable=g-import-not-at-top
-  text = lower(batch)
-  options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
-  start = time.perf_counter()
-  try:
-    compile_offline.DevicelessCompiler(plugin).compile(text.encode(),
-                                                       options.SerializeAsString())
-  except RuntimeError as error:
-    if "mosaic_gpu" not in str(error):
-      raise
-  print(f"compile seconds {time.perf_counter() - start:.2f}", flush=True)
+  """Compile the lowered kernel for an H200 with a PJRT CUDA plugin's XLA, no GPU."""
+  import offline_mosaic_ptxas  # pylint: disable=g-import-not-at-top
+  offline_mosaic_ptxas.compile_deviceless(plugin, lower(batch))
 
 
 def compile_report(plugin: str, batch: int) -> dict:
@@ -319,12 +305,12 @@ def compile_report(plugin: str, batch: int) -> dict:
 
 
 def _random_layer(rng, n_out: int, n_in: int, C: int):
-  """Fresh codes packed as ``pack_codes`` packs them, and an absmean-like row scale."""
+  """Fresh codes (NumPy), packed as ``pack_codes`` packs them, and a row scale."""
   from jaxnoise.ops.ternary import packing  # pylint: disable=g-import-not-at-top
   codes = rng.integers(0, 3 * (2 * C - 1), size=(n_out, n_in), dtype=np.int32)
   packed = packing.pack_codes(jnp.asarray(codes), C=C, implementation="reference")
   scale = jnp.asarray(rng.uniform(0.5, 1.5, size=(n_out,)), jnp.float32)
-  return packed, scale
+  return codes, packed, scale
 
 
 def gpu_check(seed: int = 0) -> list[dict]:
@@ -335,7 +321,7 @@ def gpu_check(seed: int = 0) -> list[dict]:
   records = []
   for batch, n_out, n_in, C in [(1, 256, 512, 3), (5, 384, 1024, 2), (16, 4096, 4096, 3),
                                 (200, 512, 768, 11), (256, 1024, 2048, 1)]:
-    packed, scale = _random_layer(rng, n_out, n_in, C)
+    _, packed, scale = _random_layer(rng, n_out, n_in, C)
     x = jnp.asarray(rng.normal(size=(batch, n_in)), jnp.bfloat16)
     y = jax.jit(functools.partial(ternary_matmul_mosaic, C=C))(x, packed, scale)
     weight = packing.ternary_decode(packed, scale, C=C, implementation="reference")
@@ -355,7 +341,7 @@ def bench(batches=(1, 4, 16, 256, 1024), sizes=(4096, 8192)) -> list[dict]:
   rng = np.random.default_rng(1)
   records = []
   for n in sizes:
-    packed, scale = _random_layer(rng, n, n, 3)
+    _, packed, scale = _random_layer(rng, n, n, 3)
     dense = packing.ternary_decode(packed, scale, C=3, dtype=jnp.bfloat16,
                                    implementation="reference")
     for batch in batches:

@@ -90,16 +90,25 @@ def lower_case(case: str, fields: dict, offset: int = 0, rows: int = 1,
 def _compile_one(plugin: str, case: str, fields: dict, offset: int, rows: int,
                  members: int | None = None) -> None:
   """In a subprocess: lower one case and compile it deviceless (ptxas prints to stderr)."""
+  compile_deviceless(plugin, lower_case(case, fields, offset, rows, members).as_text())
+
+
+def compile_deviceless(plugin: str, lowered_text: str) -> None:
+  """Compile a module lowered for CUDA with the plugin's XLA, no device; print the seconds.
+
+  The Mosaic GPU module is compiled (ptxas included, its report on stderr when
+  ``MOSAIC_GPU_DUMP_PTXAS`` is set) before the host launcher fails to link, which
+  needs a device: that error is ignored.
+  """
   sys.path.insert(0, HERE)
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
 
   import compile_offline  # pylint: disable=g-import-not-at-top
 
-  lowered = lower_case(case, fields, offset, rows, members)
   options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
   start = time.perf_counter()
   try:
-    compile_offline.DevicelessCompiler(plugin).compile(lowered.as_text().encode(),
+    compile_offline.DevicelessCompiler(plugin).compile(lowered_text.encode(),
                                                        options.SerializeAsString())
   except RuntimeError as error:  # the host launcher needs a device; ptxas has run by then
     if "mosaic_gpu" not in str(error):

@@ -989,6 +989,21 @@ def test_fused_gemm_config_is_validated(field, value):
     config_lib.LowRankLinearConfig(**{field: value}).validate()
 
 
+def _spy_on_pipeline_chains(monkeypatch) -> list[bool]:
+  """A list that records, for each pipeline the fused GEMM builds from now on, whether it
+  passes Pallas a ``pipeline_state`` (a chained pipeline)."""
+  from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
+  states = []
+  emit = fused.plgpu.emit_pipeline_warp_specialized
+
+  def spy(*args, pipeline_state=None, **kwargs):
+    states.append(pipeline_state is not None)
+    return emit(*args, pipeline_state=pipeline_state, **kwargs)
+
+  monkeypatch.setattr(fused.plgpu, "emit_pipeline_warp_specialized", spy)
+  return states
+
+
 @pytest.mark.parametrize("rows,dots", [(1, False), (64, True), (128, False)])
 def test_pipelined_tiles_lower_for_hopper(rows, dots, monkeypatch):
   """``gemm_pipelined_tiles``: the tiles chained into one pipeline per multiprocessor where
@@ -1000,14 +1015,7 @@ def test_pipelined_tiles_lower_for_hopper(rows, dots, monkeypatch):
   from jaxnoise.ops.virtual_noise import mosaic_gpu_low_rank as fused  # pylint: disable=g-import-not-at-top
   binomial = noise_lib.get_kind("binomial")
   pop, out_f, in_f, rank = 512 // rows, 512, 256, 1 if rows == 1 else 2
-  states = []
-  emit = fused.plgpu.emit_pipeline_warp_specialized
-
-  def spy(*args, pipeline_state=None, **kwargs):
-    states.append(pipeline_state is not None)
-    return emit(*args, pipeline_state=pipeline_state, **kwargs)
-
-  monkeypatch.setattr(fused.plgpu, "emit_pipeline_warp_specialized", spy)
+  states = _spy_on_pipeline_chains(monkeypatch)
 
   def chained(pipelined, num_sms):
     """Whether the tile loop's pipeline is chained (after lowering the kernel for CUDA)."""
@@ -1144,14 +1152,7 @@ def test_fused_forward_pipelined_tiles_compiled_on_hopper(rng, kind, rows, pop, 
 
   # Whether the tile loop's pipeline is chained, as the kernel asks Pallas (a spy: on a GPU
   # the lowered texts differ whatever the kernels, jax 0.11 serializing source locations).
-  states = []
-  emit = fused.plgpu.emit_pipeline_warp_specialized
-
-  def spy(*args, pipeline_state=None, **kwargs):
-    states.append(pipeline_state is not None)
-    return emit(*args, pipeline_state=pipeline_state, **kwargs)
-
-  monkeypatch.setattr(fused.plgpu, "emit_pipeline_warp_specialized", spy)
+  states = _spy_on_pipeline_chains(monkeypatch)
   chained, plain = forward(True), forward(False)
   y = chained(x)
   assert states and states[-1], "the chain was not taken"
