@@ -751,6 +751,22 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   return list(dict.fromkeys(out))
 
 
+def wgmma_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
+  """The ``"wgmma"`` kernel's heuristic tiles (Hopper), then the Triton heuristic, then the
+  kernel with its ``in`` split doubled and halved, the other pipeline depth, and (from 128
+  rows) batch tiles of 64."""
+  M = config_lib.MatmulConfig
+  wgmma = M.wgmma_config(shape, dtype)
+  replace = dataclasses.replace
+  out = [wgmma, M.get_heuristics_config(shape, dtype),
+         replace(wgmma, split_k=2 * wgmma.split_k),
+         replace(wgmma, split_k=max(1, wgmma.split_k // 2)),
+         replace(wgmma, num_stages=4 if wgmma.num_stages > 4 else 8)]
+  if wgmma.block_m == 128:
+    out.append(replace(wgmma, block_m=64))
+  return list(dict.fromkeys(out))
+
+
 def _joined_tiles(in_features, block_m, block_n, groups, warps, stages, steps_per_program,
                   **fields):
   """Joined dot tiles (``interleave_lanes``) with ``in`` split into slabs of
@@ -871,7 +887,8 @@ def part_matmul(args, budget, out) -> None:
   per_case = {}
   for m_rows, shape in cases:
     if forward:
-      sweep = {"interleave": interleave_sweep_configs}.get(args.sweep, matmul_sweep_configs)
+      sweep = {"interleave": interleave_sweep_configs,
+               "wgmma": wgmma_sweep_configs}.get(args.sweep, matmul_sweep_configs)
       configs = sweep((m_rows,) + shape, x_dtype)
     else:  # (M, in, out)
       configs = config_lib.MatmulConfig.input_grad_candidates((m_rows, shape[1], shape[0]),
@@ -1242,7 +1259,7 @@ def main(argv=None):
                       help="matmul part: the config --before-matmul's kernels run at (session "
                            "5's heuristic, or today's); session10: today's kernels at session "
                            "10's configs (no --before-matmul needed)")
-  parser.add_argument("--sweep", choices=("default", "interleave"), default="default",
+  parser.add_argument("--sweep", choices=("default", "interleave", "wgmma"), default="default",
                       help="matmul part, forward: the configs (interleave: dot tiles with the "
                            "code lanes joined, interleave_sweep_configs)")
   parser.add_argument("--op", choices=("forward", "input_grad"), default="forward",

@@ -43,6 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxnoise.ops import _pallas
+from jaxnoise.ops.ternary import mosaic_gpu_matmul
 from jaxnoise.ops.ternary import pallas_triton as elementwise
 from jaxnoise.ops.ternary import reference as ref_lib
 from jaxnoise.ops.ternary.config import MatmulConfig, check_config
@@ -408,10 +409,24 @@ def _decoded_weight(packed, C: int, compute_dtype, interpret: bool):
                                     dtype=compute_dtype, interpret=interpret)
 
 
-def _matmul_config(config, shape, dtype) -> MatmulConfig:
+def _matmul_config(config, shape, dtype, interpret: bool = False) -> MatmulConfig:
   if check_config(config, MatmulConfig) is None:
-    return MatmulConfig.get_heuristics_config(shape, dtype)
+    wgmma = mosaic_gpu_matmul.unsupported_reason(*shape, dtype, interpret) is None
+    return MatmulConfig.get_heuristics_config(shape, dtype, wgmma=wgmma)
   return config
+
+
+def _wgmma_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig,
+                  interpret: bool):
+  """The ``"wgmma"`` method (:mod:`.mosaic_gpu_matmul`), or a ValueError saying why not."""
+  shape = (x.shape[0], packed.shape[0], x.shape[1])
+  reason = (mosaic_gpu_matmul.unsupported_reason(*shape, x.dtype, interpret)
+            or mosaic_gpu_matmul.config_reason(config, x.shape[1]))
+  if reason:
+    raise ValueError(f"MatmulConfig(method='wgmma') cannot run x {x.dtype.name}{list(x.shape)} "
+                     f"@ packed uint8{list(packed.shape)}: {reason}")
+  return mosaic_gpu_matmul.ternary_matmul(x, packed, scale, C=C, out_dtype=out_dtype,
+                                          config=config)
 
 
 def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig | None = None,
@@ -424,7 +439,10 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig 
   """
   m_rows, in_features = x.shape
   out_features = packed.shape[0]
-  config = _matmul_config(config, (m_rows, out_features, in_features), x.dtype)
+  config = _matmul_config(config, (m_rows, out_features, in_features), x.dtype, interpret)
+  if config.method == "wgmma":
+    return _wgmma_matmul(x, packed, scale, C=C, out_dtype=out_dtype, config=config,
+                         interpret=interpret)
   compute_dtype, split, precision = _operand_setup(x.dtype, config)
   x_dtype = _F32 if split else compute_dtype  # split: bf16 pieces of float32 x
   if config.method == "decode":
@@ -475,7 +493,7 @@ def ternary_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype,
   """``(grad_y * scale) @ t``: ``(M, out) -> (M, in)``, reading the packed codes.
 
   ``config`` tiles it as ``(M, in, out)`` (:meth:`MatmulConfig.get_input_grad_heuristics_config`
-  when None or ``method="fma"``): dot tiles of ``grad_x`` with ``out`` split
+  when None or ``method`` is ``"fma"`` or ``"wgmma"``): dot tiles of ``grad_x`` with ``out`` split
   into ``split_k`` slabs, or ``method="decode"`` (``t`` decoded, then XLA's
   GEMM). ``grad_y * scale`` is formed in float32 and then rounded to the
   compute dtype (16-bit ``grad_y``) or split into bfloat16 pieces (float32).
@@ -483,7 +501,7 @@ def ternary_matmul_input_grad(grad_y, packed, scale, *, C: int, out_dtype,
   m_rows, out_features = grad_y.shape
   in_features = 4 * (packed.shape[1] // 3)
   shape = (m_rows, in_features, out_features)
-  if check_config(config, MatmulConfig) is None or config.method == "fma":
+  if check_config(config, MatmulConfig) is None or config.method in ("fma", "wgmma"):
     config = MatmulConfig.get_input_grad_heuristics_config(shape, grad_y.dtype)
   compute_dtype, split, precision = _operand_setup(grad_y.dtype, config)
   if config.method == "decode":

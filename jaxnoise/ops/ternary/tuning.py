@@ -41,6 +41,7 @@ import numpy as np
 from jaxnoise.ops import _common
 from jaxnoise.ops import autotune
 from jaxnoise.ops.ternary import config as config_lib
+from jaxnoise.ops.ternary import mosaic_gpu_matmul
 from jaxnoise.ops.ternary import reference
 from jaxnoise.ops.ternary._validation import _check_packed, _check_row_vector, check_C
 from jaxnoise.ops.ternary.matmul import matmul_input_grad, ternary_matmul
@@ -301,9 +302,11 @@ def tune_matmul(x, packed, scale, *, C: int, out_dtype: Any = None,
   m_rows, in_features = x.shape
   out_features = packed.shape[0]
   shape = (m_rows, out_features, in_features)
-  heuristic = config_lib.MatmulConfig.get_heuristics_config(shape, x.dtype)
+  wgmma = mosaic_gpu_matmul.unsupported_reason(*shape, x.dtype,
+                                               implementation == "interpret") is None
+  heuristic = config_lib.MatmulConfig.get_heuristics_config(shape, x.dtype, wgmma=wgmma)
   if candidates is None:
-    candidates = config_lib.MatmulConfig.candidates(shape, x.dtype)
+    candidates = config_lib.MatmulConfig.candidates(shape, x.dtype, wgmma=wgmma)
   return _tune_product(
       functools.partial(ternary_matmul, C=C, out_dtype=out_dtype),
       config_lib.matmul_key(implementation, m_rows, out_features, in_features, x.dtype,

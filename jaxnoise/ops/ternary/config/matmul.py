@@ -15,7 +15,7 @@ __all__ = ["DECODE_TARGETS", "MATMUL_METHODS", "MatmulConfig", "matmul_input_gra
            "matmul_key"]
 
 
-MATMUL_METHODS = ("dot", "fma", "decode")
+MATMUL_METHODS = ("dot", "fma", "decode", "wgmma")
 # What the "decode" method writes for XLA's GEMM: the compute dtype. Two ternary values
 # per byte (int4, converted inside the GEMM) were a target until 2026-12-03: XLA's GEMM
 # with an int4 operand returned wrong values on an H200 (jax 0.11.2), depending on the
@@ -32,6 +32,25 @@ _GEMV_MIN_OUT = 2048
 _DOT_PROGRAMS = 1024
 # The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
 _INPUT_GRAD_PROGRAMS = 256
+# "wgmma" (the Mosaic GPU kernel, Hopper): rows of W per program (two warpgroups of 64),
+# inputs per step, the widest batch tile, and the split's aim: about this many programs a
+# multiprocessor of a 132-SM GPU, each slab keeping at least _WGMMA_MIN_STEPS steps.
+WGMMA_BLOCK_N = 128
+WGMMA_STEP = 64
+WGMMA_MAX_BLOCK_M = 128
+_WGMMA_PROGRAMS = 2 * 132
+_WGMMA_MIN_STEPS = 8
+
+
+# Rows of x (inclusive range) for which the heuristic takes the "wgmma" kernel where it can
+# run; None: never (opt in with MatmulConfig.wgmma_config). Set from measurements only.
+WGMMA_DEFAULT_ROWS: tuple[int, int] | None = None
+
+
+def _prefers_wgmma(m_rows: int, itemsize: int) -> bool:
+  """Whether the heuristic takes the ``"wgmma"`` kernel (where it can run) at ``M`` rows."""
+  del itemsize
+  return WGMMA_DEFAULT_ROWS is not None and WGMMA_DEFAULT_ROWS[0] <= m_rows <= WGMMA_DEFAULT_ROWS[1]
 
 
 def _gemv_split_k(out_features: int, in_features: int, block_n: int, block_groups: int,
@@ -60,10 +79,16 @@ class MatmulConfig:
       partial tiles). More programs for small ``M``. In the input-gradient
       kernel, programs along ``out`` (its reduction).
     method: ``"dot"`` (tensor-core tiles), ``"fma"`` (CUDA-core tiles, for one
-      to three rows of ``x``) or ``"decode"`` (decode ``t`` densely, then an XLA
-      GEMM: a temporary ``out x in`` matrix, for large ``M``). The input
-      gradient runs ``"dot"`` or ``"decode"`` (an ``"fma"`` config there
-      means its heuristic).
+      to three rows of ``x``), ``"decode"`` (decode ``t`` densely, then an XLA
+      GEMM: a temporary ``out x in`` matrix, for large ``M``) or ``"wgmma"``
+      (Hopper only: the Mosaic GPU kernel of
+      :mod:`jaxnoise.ops.ternary.mosaic_gpu_matmul`, ``t`` decoded in
+      registers as ``wgmma``'s left operand; ``block_n = 128``,
+      ``block_groups = 16``, ``block_m`` the batch tile of 8 to 128 rows,
+      ``num_stages`` its pipeline buffers, ``split_k`` slabs of ``in``;
+      ``num_warps`` is not used). The input gradient runs ``"dot"`` or
+      ``"decode"`` (an ``"fma"`` or ``"wgmma"`` config there means its
+      heuristic).
     word_loads: read the codes as uint32 words (three per 16 codes) when
       ``in % 16 == 0`` and ``block_groups >= 4`` (``>= 64`` for ``"dot"``);
       else three bytes per 4.
@@ -124,6 +149,14 @@ class MatmulConfig:
     if self.method not in MATMUL_METHODS:
       raise ValueError(f"MatmulConfig.method must be one of {MATMUL_METHODS}, "
                        f"got {self.method!r}")
+    if self.method == "wgmma":
+      if (self.block_n, self.block_groups) != (WGMMA_BLOCK_N, WGMMA_STEP // 4):
+        raise ValueError(f"MatmulConfig with method='wgmma' needs block_n={WGMMA_BLOCK_N} and "
+                         f"block_groups={WGMMA_STEP // 4}, got block_n={self.block_n}, "
+                         f"block_groups={self.block_groups}")
+      if not 8 <= self.block_m <= WGMMA_MAX_BLOCK_M:
+        raise ValueError(f"MatmulConfig.block_m must be in [8, {WGMMA_MAX_BLOCK_M}] for "
+                         f"method='wgmma' (wgmma's N), got {self.block_m}")
     if self.method == "dot":
       for name in ("block_m", "block_n"):
         if getattr(self, name) < 16:
@@ -144,9 +177,15 @@ class MatmulConfig:
                        "tile of t is the left operand)")
 
   @classmethod
-  def get_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16
-                            ) -> "MatmulConfig":
+  def get_heuristics_config(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16, *,
+                            wgmma: bool = False) -> "MatmulConfig":
     """A default for ``(M, out, in)`` and ``x``'s ``dtype``.
+
+    ``wgmma``: the Mosaic GPU kernel can run this call (a Hopper GPU and
+    ``out % 128 == 0``, ``in % 64 == 0``:
+    :func:`jaxnoise.ops.ternary.mosaic_gpu_matmul.unsupported_reason`); it is
+    then taken where it measured faster (:meth:`wgmma_config`), the Triton
+    tiles below elsewhere.
 
     The choices follow the compiled sweeps (H200, jax 0.11.2, 2026-12-01;
     ``benchmarks/results/2026-12-01-h200-s5/ternary*`` and, in device time,
@@ -199,6 +238,8 @@ class MatmulConfig:
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     itemsize = jnp.dtype(dtype).itemsize
+    if wgmma and _prefers_wgmma(m_rows, itemsize):
+      return cls.wgmma_config(shape, dtype)
     if m_rows == 1:
       if itemsize < 4 and out_features >= _GEMV_MIN_OUT:
         return cls._gemv_config(out_features, in_features)
@@ -213,6 +254,38 @@ class MatmulConfig:
       # exact products as a float32 GEMM's.
       return cls(method="decode")
     return cls._dot_tiles(shape, dtype)
+
+  @classmethod
+  def wgmma_config(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> "MatmulConfig":
+    """Tiles of the ``"wgmma"`` kernel for ``(M, out, in)``.
+
+    * ``block_m``: ``M`` (float32 ``x``: ``3 M``, its bfloat16 pieces) rounded
+      up to a power of 2 from 8 (the narrowest ``wgmma``), at most 128.
+    * ``split_k``: the fewest slabs of ``in`` (a power of 2) that give about two
+      programs a multiprocessor, each slab keeping at least 8 steps of 64.
+    * ``num_stages``: 8 buffers for batch tiles up to 16 (a step is mostly the
+      codes' 6 KiB), else 4.
+
+    Example:
+      >>> config = MatmulConfig.wgmma_config((4, 4096, 4096))
+      >>> config.block_m, config.split_k, config.num_stages
+      (8, 8, 8)
+      >>> config = MatmulConfig.wgmma_config((256, 8192, 8192))
+      >>> config.block_m, config.split_k, config.num_stages
+      (128, 4, 4)
+    """
+    m_rows, out_features, in_features = (int(d) for d in shape)
+    rows = 3 * m_rows if jnp.dtype(dtype).itemsize >= 4 else m_rows
+    block_m = min(WGMMA_MAX_BLOCK_M, max(8, next_power_of_2(rows)))
+    tiles = max(1, out_features // WGMMA_BLOCK_N) * -(-rows // block_m)
+    steps = max(1, in_features // WGMMA_STEP)
+    split = 1
+    while (tiles * split < _WGMMA_PROGRAMS and steps % (2 * split) == 0
+           and steps // (2 * split) >= _WGMMA_MIN_STEPS):
+      split *= 2
+    stages = max(1, min(8 if block_m <= 16 else 4, steps // split))
+    return cls(block_m=block_m, block_n=WGMMA_BLOCK_N, block_groups=WGMMA_STEP // 4,
+               num_warps=4, num_stages=stages, split_k=split, method="wgmma")
 
   @classmethod
   def _gemv_config(cls, out_features: int, in_features: int) -> "MatmulConfig":
@@ -407,12 +480,24 @@ class MatmulConfig:
     return list(dict.fromkeys(out))
 
   @classmethod
-  def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> list["MatmulConfig"]:
-    """The heuristic and a few neighbours (autotuning and the benchmark sweep)."""
+  def candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16, *,
+                 wgmma: bool = False) -> list["MatmulConfig"]:
+    """The heuristic and a few neighbours (autotuning and the benchmark sweep).
+
+    ``wgmma`` (the Mosaic GPU kernel can run this call): its tiles, their split
+    along ``in`` doubled and halved and the other pipeline depth come first.
+    """
     m_rows, out_features, in_features = (int(d) for d in shape)
     base = cls.get_heuristics_config(shape, dtype)
     out = [base]
     replace = dataclasses.replace
+    if wgmma:
+      tiles = cls.wgmma_config(shape, dtype)
+      steps = in_features // WGMMA_STEP
+      splits = [s for s in (2 * tiles.split_k, tiles.split_k // 2) if s and steps % s == 0]
+      out = ([cls.get_heuristics_config(shape, dtype, wgmma=True), tiles]
+             + [replace(tiles, split_k=s) for s in splits]
+             + [replace(tiles, num_stages=4 if tiles.num_stages > 4 else 8)] + out)
     if m_rows <= 16:
       fma = cls._fma_config(m_rows, out_features, in_features)
       dot = base if base.method == "dot" else replace(cls._dot_tiles(shape, dtype),

@@ -1,0 +1,292 @@
+"""Pallas kernel (Mosaic GPU backend, Hopper) of the packed ternary matmul: ``W`` decoded in registers.
+
+``y = x (scale * t)^T`` with ``t`` the ternary values of the packed 6-bit
+codes (:func:`jaxnoise.ops.ternary.pack_codes`' layout: 4 codes in 3 bytes
+along ``in``). The kernel computes ``y^T = t x^T`` with ``wgmma``: ``A`` is a
+warpgroup's 64 rows of ``t``, built in registers from the packed bytes, and
+``B`` is ``x^T`` from shared memory. Only the 0.75-byte codes are read from
+memory; no dense weight exists anywhere.
+
+* **Which codes a thread decodes.** In the WGMMA register layout each thread
+  holds, per 16-deep chunk ``j`` of ``A``, columns ``2c, 2c+1`` (register tile
+  ``2j``) and ``2c+8, 2c+9`` (tile ``2j+1``) of two rows, ``c = lane % 4``. A
+  64-deep step of a row is 48 packed bytes, a 384-bit little-endian string of
+  6-bit codes (code ``i`` at bit ``6 i``). Thread ``c`` reads the 12 bytes
+  ``12c .. 12c+11`` (codes ``16c .. 16c+15``) and gives chunk ``j`` its codes
+  ``16c + 4j + (0, 1)`` and ``16c + 4j + (2, 3)``: no shuffle, three aligned
+  32-bit shared-memory loads a row, free of bank conflicts (a warp's 32
+  words fall in 32 banks).
+* **``x`` permuted to match.** Column ``p`` of ``A``'s step holds the code of
+  feature :data:`PERMUTATION` ``[p]``, so ``x``'s columns are gathered the same
+  way inside each 64-wide block (:func:`permute_features`), one small XLA
+  fusion with the padding and the cast at the batch sizes this is for.
+* **Tiles.** A program is 2 compute warpgroups of 64 rows of ``W`` each
+  (``MatmulConfig.block_n = 128``), ``block_m`` rows of ``x`` (``wgmma``'s N)
+  and one of ``split_k`` slabs of ``in``, so that enough programs stream
+  ``W`` at decode-sized batches. XLA sums the slabs' float32 partial
+  products, scales the rows and transposes.
+* **dtypes.** bfloat16 and float16 ``x`` meet ``t`` in their own dtype
+  (``t`` is exact in both); float32 ``x`` enters as its three bfloat16 pieces
+  (:func:`jaxnoise.ops.ternary.pallas_triton_matmul.bf16_pieces`, stacked
+  along the batch), so every product is exact and only the float32 sums
+  round, as in a float32 matmul.
+
+Pallas has no interpreter for Mosaic GPU kernels: they run on a Hopper GPU
+only, and CI lowers them for CUDA on the CPU and checks the decode's index
+math in NumPy (:func:`decode_model`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jaxnoise.ops import _mosaic
+from jaxnoise.ops.ternary.config.matmul import WGMMA_BLOCK_N, WGMMA_STEP, MatmulConfig
+
+__all__ = ["PERMUTATION", "config_reason", "decode_model", "permute_features", "ternary_matmul",
+           "unsupported_reason"]
+
+STEP = WGMMA_STEP  # features per pipeline step (a row's 48 packed bytes)
+STEP_BYTES = 3 * STEP // 4
+ROWS = 64  # rows of W per compute warpgroup
+WARPGROUPS = 2
+BLOCK_N = WGMMA_BLOCK_N  # rows of W per program
+assert BLOCK_N == WARPGROUPS * ROWS
+
+
+def _permutation() -> np.ndarray:
+  perm = np.empty(STEP, np.int64)
+  for c in range(4):
+    for j in range(4):
+      for e in range(2):
+        perm[16 * j + 2 * c + e] = 16 * c + 4 * j + e          # register tile 2j
+        perm[16 * j + 8 + 2 * c + e] = 16 * c + 4 * j + 2 + e  # register tile 2j + 1
+  assert sorted(perm) == list(range(STEP))
+  return perm
+
+
+# PERMUTATION[p]: the feature (in a 64-wide block) whose code is A's column p.
+PERMUTATION = _permutation()
+
+
+def permute_features(x: jax.Array) -> jax.Array:
+  """``x`` ``(..., in)`` with each 64-wide block's columns in ``A``'s order.
+
+  Example:
+    >>> x = jnp.arange(64.0)[None]
+    >>> permute_features(x)[0, :4].tolist()  # A's columns 0-3: features 0, 1, 16, 17
+    [0.0, 1.0, 16.0, 17.0]
+  """
+  *lead, n_in = x.shape
+  blocks = x.reshape(*lead, n_in // STEP, STEP)
+  return blocks[..., PERMUTATION].reshape(*lead, n_in)
+
+
+def _thread_codes(packed_row_step: np.ndarray, c: int) -> dict[tuple[int, int], tuple[int, int]]:
+  """One thread's decode in NumPy: ``(chunk j, tile half) -> (code, code)`` from a row's 48
+  bytes of one step, reading only bytes ``12c .. 12c+11`` as three words."""
+  words = packed_row_step[12 * c:12 * c + 12].view("<u4").astype(np.uint64)
+  bits = int(words[0]) | int(words[1]) << 32 | int(words[2]) << 64
+  code = lambda i: (bits >> (6 * i)) & 63
+  return {(j, half): (code(4 * j + 2 * half), code(4 * j + 2 * half + 1))
+          for j in range(4) for half in range(2)}
+
+
+def decode_model(packed: np.ndarray) -> np.ndarray:
+  """The codes of ``A`` that the kernel's threads assemble, in NumPy (a model of the kernel's
+  index math, for tests): ``(out, in)`` codes with each 64-wide block in ``A``'s column order.
+
+  Column ``8 t + 2 c + e`` of register tile ``t`` of a row gets the pair that thread ``c``
+  decodes for it, from the three words it reads.
+  """
+  packed = np.asarray(packed, np.uint8)
+  n_out, n_bytes = packed.shape
+  steps = n_bytes // STEP_BYTES
+  a = np.full((n_out, steps * STEP), -1, np.int64)
+  for s in range(steps):
+    block = packed[:, s * STEP_BYTES:(s + 1) * STEP_BYTES]
+    for r in range(n_out):
+      for c in range(4):
+        for (j, half), pair in _thread_codes(block[r], c).items():
+          for e in range(2):
+            a[r, s * STEP + 8 * (2 * j + half) + 2 * c + e] = pair[e]
+  return a
+
+
+# ----------------------------------------------------------------------------
+# Eligibility and tiles.
+
+
+def unsupported_reason(m_rows: int, out_features: int, in_features: int, dtype,
+                       interpret: bool = False) -> str | None:
+  """Why the kernel cannot run ``(m_rows, in) @ (out, in)^T`` (None if it can)."""
+  if interpret or not _mosaic.is_hopper():
+    return "needs a Hopper GPU (compute capability 9.x)"
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16),
+                              jnp.dtype(jnp.float32)):
+    return f"needs bfloat16, float16 or float32 x, got {jnp.dtype(dtype).name}"
+  if out_features % BLOCK_N:
+    return f"out = {out_features} is not a multiple of {BLOCK_N}"
+  if in_features % STEP:
+    return f"in = {in_features} is not a multiple of {STEP}"
+  del m_rows  # any number of rows: padded to the tile
+  return None
+
+
+def config_reason(config: MatmulConfig, in_features: int) -> str | None:
+  """Why a ``"wgmma"`` config cannot tile ``in_features`` (None if it can)."""
+  steps = in_features // STEP
+  if steps % config.split_k:
+    return f"split_k = {config.split_k} does not divide in / {STEP} = {steps}"
+  return None
+
+
+# ----------------------------------------------------------------------------
+# The kernel.
+
+
+def _decode(lv: int, dtype):
+  """The inline Mosaic GPU decode of a warpgroup's ``(64, 48)`` packed bytes to its
+  ``(64, 64)`` ternary ``A`` (``dtype``) in the WGMMA register layout."""
+  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, vector
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.mosaic.gpu import fragmented_array as fa
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  # pylint: enable=g-import-not-at-top
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),),
+                     return_type=plgpu.ShapeDtypeStruct((ROWS, STEP), dtype,
+                                                        layout=plgpu.Layout.WGMMA))
+  def decode(_, packed_smem):
+    i32 = ir.IntegerType.get_signless(32)
+    i8 = ir.IntegerType.get_signless(8)
+    index = ir.IndexType.get()
+    f32 = ir.F32Type.get()
+    element = ir.BF16Type.get() if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) else ir.F16Type.get()
+    const = lambda v: arith.constant(i32, v)
+    tid = mgpu_utils.thread_idx()
+    lane = arith.remui(tid, const(32))
+    warp = arith.remui(arith.divui(tid, const(32)), const(4))
+    c = arith.remui(lane, const(4))
+    first_row = arith.addi(arith.muli(warp, const(16)), arith.divui(lane, const(4)))
+    byte0 = arith.muli(c, const(12))
+    lo, hi = const(2 * lv - 1), const(lv - 1)  # t = (code > lv - 1) + (code > 2 lv - 1) - 1
+    regs = np.empty(fa.WGMMA_LAYOUT.registers_shape((ROWS, STEP)), dtype=object)
+    word_type = ir.VectorType.get((4,), i8)
+    one_word = ir.VectorType.get((1,), i32)
+    for half in range(2):
+      row = arith.index_castui(index, arith.addi(first_row, const(8 * half)))
+      words = []
+      for w in range(3):
+        col = arith.index_castui(index, arith.addi(byte0, const(4 * w)))
+        raw = vector.load(word_type, packed_smem, [row, col])
+        words.append(vector.extract(vector.bitcast(one_word, raw), dynamic_position=[],
+                                    static_position=[0]))
+
+      def code(i):
+        start, shift = divmod(6 * i, 32)
+        value = arith.shrui(words[start], const(shift)) if shift else words[start]
+        if shift > 26:  # the code spans two words
+          value = arith.ori(value, arith.shli(words[start + 1], const(32 - shift)))
+        return arith.andi(value, const(63))
+
+      def ternary(i):
+        value = code(i)
+        above = lambda bound: arith.extui(i32, arith.cmpi(arith.CmpIPredicate.ugt, value,
+                                                          bound))
+        t = arith.subi(arith.addi(above(hi), above(lo)), const(1))
+        return arith.truncf(element, arith.sitofp(f32, t))
+
+      pair_type = ir.VectorType.get((2,), element)
+      for j in range(4):
+        for tile_half in range(2):
+          first = 4 * j + 2 * tile_half
+          regs[(0, 2 * j + tile_half, 0, 0, half, 0, 0, 0, 0)] = vector.from_elements(
+              pair_type, [ternary(first), ternary(first + 1)])
+    return mgpu.FragmentedArray(_registers=regs, _layout=fa.WGMMA_LAYOUT, _is_signed=None)
+
+  return decode
+
+
+def _kernel(packed_gmem, x_gmem, out_gmem, *, lv: int, config: MatmulConfig, dtype):
+  """One program: 128 rows of ``W`` (two warpgroups), ``batch_tile`` rows of ``x``, one
+  slab of ``in``; its ``(128, batch_tile)`` float32 partial product to ``out[split]``."""
+  batch, n_in = x_gmem.shape
+  splits, batch_tile = config.split_k, config.block_m
+  steps = n_in // STEP // splits
+  batch_tiles = batch // batch_tile
+  program = lax.axis_index("program")
+  row_tile, rest = program // (splits * batch_tiles), program % (splits * batch_tiles)
+  batch_index, split = rest // splits, rest % splits
+  swizzle = plgpu.find_swizzle(STEP * jnp.dtype(dtype).itemsize * 8)
+  x_transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+                  plgpu.SwizzleTransform(swizzle))
+  decode = _decode(lv, dtype)
+  rows = pl.ds(row_tile * BLOCK_N, BLOCK_N)
+  cols = pl.ds(batch_index * batch_tile, batch_tile)
+
+  def body(_, packed_smem, x_smem, acc):
+    wg = lax.axis_index("wg")
+    a = decode(packed_smem.at[pl.ds(wg * ROWS, ROWS)])
+    plgpu.wgmma(acc, a, x_smem.transpose((1, 0)))
+    plgpu.wgmma_wait(0)
+    return acc
+
+  def context(run):
+    @functools.partial(pl.run_scoped, acc=plgpu.ACC((ROWS, batch_tile), jnp.float32))
+    def _scope(acc):
+      run(acc)
+      wg = lax.axis_index("wg")
+      out_gmem.at[split, rows, cols].at[pl.ds(wg * ROWS, ROWS)][...] = acc[...]
+
+  pipeline = plgpu.emit_pipeline_warp_specialized(
+      body, grid=(steps,), memory_registers=40,
+      in_specs=[plgpu.BlockSpec((BLOCK_N, STEP_BYTES), lambda k: (0, k),
+                                memory_space=plgpu.SMEM),
+                plgpu.BlockSpec((batch_tile, STEP), lambda k: (0, k), transforms=x_transforms,
+                                memory_space=plgpu.SMEM)],
+      wg_axis="wg", num_compute_wgs=WARPGROUPS, max_concurrent_steps=min(config.num_stages, steps),
+      compute_context=context)
+  pipeline(packed_gmem.at[rows, pl.ds(split * steps * STEP_BYTES, steps * STEP_BYTES)],
+           x_gmem.at[cols, pl.ds(split * steps * STEP, steps * STEP)])
+
+
+def _unscaled(x16, packed, *, C: int, config: MatmulConfig):
+  """``x16 t^T`` in float32, ``(M, out)``, for 16-bit ``x16`` (padded to the batch tile,
+  permuted, the slabs summed by XLA)."""
+  m_rows = x16.shape[0]
+  n_out = packed.shape[0]
+  padded = -(-m_rows // config.block_m) * config.block_m
+  x_rows = permute_features(jnp.pad(x16, ((0, padded - m_rows), (0, 0))))
+  programs = n_out // BLOCK_N * (padded // config.block_m) * config.split_k
+  body = functools.partial(_kernel, lv=2 * C - 1, config=config, dtype=x16.dtype)
+  call = _mosaic.kernel(
+      body, out_type=jax.ShapeDtypeStruct((config.split_k, n_out, padded), jnp.float32),
+      grid=(programs,), grid_names=("program",), num_threads=WARPGROUPS + 1, thread_name="wg")
+  return call(packed, x_rows).sum(0).T[:m_rows]
+
+
+def ternary_matmul(x, packed, scale, *, C: int, out_dtype: Any, config: MatmulConfig):
+  """``(M, in) @ (scale * t)^T -> (M, out)`` for validated inputs that
+  :func:`unsupported_reason` and :func:`config_reason` accept.
+
+  float32 ``x`` runs as its three bfloat16 pieces stacked along the rows (``3 M`` rows).
+  """
+  from jaxnoise.ops.ternary import pallas_triton_matmul  # pylint: disable=g-import-not-at-top
+  m_rows = x.shape[0]
+  if jnp.dtype(x.dtype) == jnp.dtype(jnp.float32):
+    pieces = jnp.concatenate(pallas_triton_matmul.bf16_pieces(x), axis=0)
+    y = _unscaled(pieces, packed, C=C, config=config).reshape(3, m_rows, -1).sum(0)
+  else:
+    y = _unscaled(x, packed, C=C, config=config)
+  return (y * scale.astype(jnp.float32)[None, :]).astype(out_dtype)

@@ -1,0 +1,202 @@
+"""The packed ternary matmul's Mosaic GPU kernel (``MatmulConfig(method="wgmma")``, Hopper).
+
+Pallas has no interpreter for Mosaic GPU kernels, so on the CPU the tests
+check the kernel's index math in NumPy (:func:`mosaic_gpu_matmul.decode_model`
+against ``pack_codes``' layout, on fresh codes), lower it for CUDA at odd
+batch sizes in every dtype, and check its configs and errors. The ``gpu``
+tests run it on a Hopper GPU against exact products and the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxnoise.ops import _mosaic
+from jaxnoise.ops import ternary
+from jaxnoise.ops.ternary import config as config_lib
+from jaxnoise.ops.ternary import mosaic_gpu_matmul
+from jaxnoise.ops.ternary import pallas_triton_matmul
+from jaxnoise.ops.ternary import reference
+
+MatmulConfig = config_lib.MatmulConfig
+
+
+def _random_layer(rng, n_out: int, n_in: int, C: int):
+  codes = rng.integers(0, reference.n_codes(C), (n_out, n_in)).astype(np.int32)
+  packed = ternary.pack_codes(jnp.asarray(codes), C=C, implementation="reference")
+  scale = jnp.asarray(rng.uniform(0.05, 2.0, n_out), jnp.float32)
+  return codes, packed, scale
+
+
+def _exact(x_int: np.ndarray, codes: np.ndarray, C: int, scale) -> np.ndarray:
+  """``(x t^T) * scale`` for integer ``x``: exact sums, then one float32 product."""
+  t = np.asarray(reference.ternary_of(jnp.asarray(codes), C), np.float64)
+  return (x_int.astype(np.float64) @ t.T).astype(np.float32) * np.asarray(scale)[None, :]
+
+
+@pytest.mark.parametrize("C", [1, 2, 3, 11])
+def test_decode_model_and_permutation_give_the_product_exactly(rng, C):
+  """Each thread's three words give A's columns the codes that, with x's columns permuted
+  per 64-wide block, make ``x t^T`` exactly (fresh codes from ``pack_codes``)."""
+  codes, packed, _ = _random_layer(rng, 16, 192, C)
+  a_codes = mosaic_gpu_matmul.decode_model(np.asarray(packed))
+  assert (a_codes >= 0).all(), "a column of A was never written"
+  np.testing.assert_array_equal(np.sort(a_codes.reshape(16, 3, 64), -1),
+                                np.sort(codes.reshape(16, 3, 64), -1))
+  lv = 2 * C - 1
+  x = rng.integers(-4, 5, (5, 192)).astype(np.float32)
+  x_perm = np.asarray(mosaic_gpu_matmul.permute_features(jnp.asarray(x)))
+  np.testing.assert_array_equal(x_perm @ (a_codes // lv - 1).T, x @ (codes // lv - 1).T)
+
+
+def test_permutation_stays_within_each_block():
+  x = jnp.arange(3 * 128, dtype=jnp.float32).reshape(3, 128)
+  permuted = mosaic_gpu_matmul.permute_features(x)
+  np.testing.assert_array_equal(permuted[:, 64:], x[:, 64 + mosaic_gpu_matmul.PERMUTATION])
+  np.testing.assert_array_equal(np.sort(permuted, -1), x)
+
+
+@pytest.mark.parametrize("m_rows,n_out,n_in,dtype", [
+    (1, 128, 64, jnp.bfloat16), (5, 256, 1024, jnp.float16), (200, 384, 192, jnp.bfloat16),
+    (129, 128, 512, jnp.float32), (16, 4096, 4096, jnp.bfloat16)])
+def test_kernel_lowers_for_hopper(m_rows, n_out, n_in, dtype):
+  """The whole Pallas-to-Mosaic translation (and its shared-memory check) at odd batches."""
+  config = MatmulConfig.wgmma_config((m_rows, n_out, n_in), dtype)
+  fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=dtype,
+                                 config=config))
+  avals = (jax.ShapeDtypeStruct((m_rows, n_in), dtype),
+           jax.ShapeDtypeStruct((n_out, 3 * n_in // 4), jnp.uint8),
+           jax.ShapeDtypeStruct((n_out,), jnp.float32))
+  lowered = fn.trace(*avals).lower(lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+
+
+def test_wgmma_configs_tile_as_documented():
+  config = MatmulConfig.wgmma_config((4, 4096, 4096))
+  assert (config.method, config.block_m, config.block_n, config.split_k) == ("wgmma", 8, 128, 8)
+  # float32 x: its three bfloat16 pieces are the batch (3 * 50 rows -> tiles of 128).
+  assert MatmulConfig.wgmma_config((50, 1024, 1024), jnp.float32).block_m == 128
+  # Each slab keeps >= 8 steps of 64 inputs: in = 512 is never split.
+  assert MatmulConfig.wgmma_config((1, 128, 512)).split_k == 1
+  for m_rows in (1, 3, 64, 1000):
+    config = MatmulConfig.wgmma_config((m_rows, 512, 2048))
+    assert mosaic_gpu_matmul.config_reason(config, 2048) is None
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(block_n=64), "block_n=128"), (dict(block_groups=32), "block_groups=16"),
+    (dict(block_m=4), r"block_m must be in \[8, 128\]"),
+    (dict(block_m=256), r"block_m must be in \[8, 128\]")])
+def test_wgmma_config_rejects_other_tiles(fields, match):
+  with pytest.raises(ValueError, match=match):
+    dataclasses.replace(MatmulConfig.wgmma_config((8, 256, 256)), **fields)
+
+
+def test_wgmma_config_off_hopper_says_why(rng):
+  _, packed, scale = _random_layer(rng, 128, 64, 2)
+  config = MatmulConfig.wgmma_config((2, 128, 64))
+  with pytest.raises(ValueError, match="method='wgmma'.*needs a Hopper GPU"):
+    ternary.ternary_matmul(jnp.ones((2, 64)), packed, scale, C=2, implementation="interpret",
+                           config=config)
+
+
+@pytest.mark.parametrize("shape,dtype,reason", [
+    ((4, 100, 64), jnp.bfloat16, "out = 100 is not a multiple of 128"),
+    ((4, 128, 96), jnp.bfloat16, "in = 96 is not a multiple of 64"),
+    ((4, 128, 64), jnp.int8, "needs bfloat16, float16 or float32 x")])
+def test_unsupported_reasons(monkeypatch, shape, dtype, reason):
+  monkeypatch.setattr(_mosaic, "is_hopper", lambda: True)
+  assert reason in mosaic_gpu_matmul.unsupported_reason(*shape, dtype)
+  assert mosaic_gpu_matmul.unsupported_reason(4, 256, 128, jnp.float16) is None
+  assert "Hopper" in mosaic_gpu_matmul.unsupported_reason(4, 256, 128, jnp.float16,
+                                                          interpret=True)
+
+
+def test_split_that_does_not_divide_the_steps_is_rejected(monkeypatch, rng):
+  monkeypatch.setattr(_mosaic, "is_hopper", lambda: True)
+  _, packed, scale = _random_layer(rng, 128, 192, 2)
+  config = dataclasses.replace(MatmulConfig.wgmma_config((2, 128, 192)), split_k=2)
+  with pytest.raises(ValueError, match="split_k = 2 does not divide in / 64 = 3"):
+    pallas_triton_matmul.ternary_matmul(jnp.ones((2, 192), jnp.bfloat16), packed, scale, C=2,
+                                        out_dtype=jnp.bfloat16, config=config)
+
+
+def test_heuristic_takes_wgmma_only_where_it_runs_and_is_preferred(monkeypatch):
+  from jaxnoise.ops.ternary.config import matmul as matmul_config  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(matmul_config, "WGMMA_DEFAULT_ROWS", (2, 64))
+  heuristic = MatmulConfig.get_heuristics_config
+  assert heuristic((16, 4096, 4096), jnp.bfloat16, wgmma=True).method == "wgmma"
+  assert heuristic((16, 4096, 4096), jnp.bfloat16).method != "wgmma"
+  assert heuristic((1, 4096, 4096), jnp.bfloat16, wgmma=True).method != "wgmma"
+  assert heuristic((65, 4096, 4096), jnp.bfloat16, wgmma=True).method != "wgmma"
+  monkeypatch.setattr(matmul_config, "WGMMA_DEFAULT_ROWS", None)
+  assert heuristic((16, 4096, 4096), jnp.bfloat16, wgmma=True).method != "wgmma"
+  candidates = MatmulConfig.candidates((16, 4096, 4096), jnp.bfloat16, wgmma=True)
+  assert candidates[1] == MatmulConfig.wgmma_config((16, 4096, 4096))
+  assert {c.split_k for c in candidates if c.method == "wgmma"} == {8, 16, 4}
+
+
+# ----------------------------------------------------------------------------
+# Compiled on a Hopper GPU.
+
+
+def _needs_hopper():
+  if not _mosaic.is_hopper():
+    pytest.skip("needs a Hopper GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m_rows,n_out,n_in,C,dtype", [
+    (1, 128, 512, 3, jnp.bfloat16), (3, 384, 1024, 2, jnp.float16),
+    (17, 256, 4096, 1, jnp.bfloat16), (130, 512, 768, 11, jnp.bfloat16),
+    (257, 1024, 2048, 3, jnp.float16), (6, 128, 64, 5, jnp.float32),
+    (70, 256, 1024, 3, jnp.float32)])
+def test_compiled_kernel_gives_exact_products(rng, m_rows, n_out, n_in, C, dtype):
+  """Integer ``x``: every sum is exact, so the kernel must give ``x t^T * scale`` bit for bit
+  (float32 out), whatever the tiles and the split along ``in``."""
+  _needs_hopper()
+  codes, packed, scale = _random_layer(rng, n_out, n_in, C)
+  x_int = rng.integers(-4, 5, (m_rows, n_in))
+  expected = _exact(x_int, codes, C, scale)
+  base = MatmulConfig.wgmma_config((m_rows, n_out, n_in), dtype)
+  splits = {base.split_k, 1} | ({2} if (n_in // 64) % 2 == 0 else set())
+  for split in sorted(splits):
+    config = dataclasses.replace(base, split_k=split)
+    y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=C,
+                               out_dtype=jnp.float32, implementation="pallas", config=config)
+    np.testing.assert_array_equal(np.asarray(y), expected, err_msg=f"split_k={split}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_compiled_wgmma_as_default_matches_reference(rng, dtype, monkeypatch):
+  """Fresh normal ``x`` through the public op with the heuristic taking the wgmma kernel,
+  against the reference, and its gradient (the input gradient runs the Triton kernels)."""
+  _needs_hopper()
+  from jaxnoise.ops.ternary.config import matmul as matmul_config  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(matmul_config, "WGMMA_DEFAULT_ROWS", (1, 1 << 20))
+  _, packed, scale = _random_layer(rng, 512, 1024, 3)
+  x = jnp.asarray(rng.normal(size=(9, 1024)), dtype)
+  assert ternary.MatmulConfig.get_heuristics_config((9, 512, 1024), dtype,
+                                                    wgmma=True).method == "wgmma"
+  y = ternary.ternary_matmul(x, packed, scale, C=3, out_dtype=jnp.float32,
+                             implementation="pallas")
+  expected = reference.ternary_matmul_reference(x, packed, scale, C=3, out_dtype=jnp.float32)
+  rtol = 1e-5 if dtype == jnp.float32 else 1e-6
+  np.testing.assert_allclose(y, expected, rtol=rtol, atol=rtol * float(jnp.abs(expected).max()))
+
+  def loss(x, scale, implementation):
+    return jnp.sum(jnp.sin(ternary.ternary_matmul(x, packed, scale, C=3, out_dtype=jnp.float32,
+                                                  implementation=implementation)))
+
+  grads = jax.grad(loss, argnums=(0, 1))(x, scale, "pallas")
+  expected_grads = jax.grad(loss, argnums=(0, 1))(x, scale, "reference")
+  for got, want in zip(grads, expected_grads):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=2e-2, atol=2e-2 * float(jnp.abs(want).max()))
