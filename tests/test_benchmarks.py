@@ -205,30 +205,6 @@ def _benchmark_module(name: str):
     sys.path.pop(0)
 
 
-@pytest.mark.parametrize("batch,n_out,n_in", [(1, 256, 512), (200, 384, 1024)])
-def test_mosaic_ternary_exploration_decodes_exactly_and_lowers(batch, n_out, n_in):
-  """explore_mosaic_ternary.py: its per-thread decode model and feature permutation give
-  ``x T^T`` exactly on fresh codes, and its Mosaic GPU kernel lowers for CUDA (the kernel
-  runs on a Hopper GPU only)."""
-  explore = _benchmark_module("explore_mosaic_ternary")
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  explore.check(seed=batch)
-  perm = explore.PERMUTATION
-  x = jnp.arange(2 * 128, dtype=jnp.float32).reshape(2, 128)
-  np.testing.assert_array_equal(explore.permute_features(x)[:, 64:], x[:, 64 + perm])
-  avals = (jax.ShapeDtypeStruct((batch, n_in), jnp.bfloat16),
-           jax.ShapeDtypeStruct((n_out, n_in * 3 // 4), jnp.uint8),
-           jax.ShapeDtypeStruct((n_out,), jnp.float32))
-  fn = jax.jit(lambda x, p, s: explore.ternary_matmul_mosaic(x, p, s, C=3))
-  text = fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-  assert "mosaic_gpu" in text
-  with pytest.raises(ValueError, match="out must divide by 128"):
-    explore.ternary_matmul_mosaic(jnp.zeros((1, 64)), jnp.zeros((100, 48), jnp.uint8),
-                                  jnp.ones((100,)), C=3)
-
-
 def test_compile_probe_cases_trace():
   """compile_probe.py's public-API cases (GPU-only kernels) trace with the reference ops."""
   compile_probe = _benchmark_module("compile_probe")
