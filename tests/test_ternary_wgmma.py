@@ -55,6 +55,21 @@ def test_decode_model_and_permutation_give_the_product_exactly(rng, C):
   np.testing.assert_array_equal(x_perm @ (a_codes // lv - 1).T, x @ (codes // lv - 1).T)
 
 
+@pytest.mark.parametrize("dtype,one", [(jnp.bfloat16, 0x3F80), (jnp.float16, 0x3C00)])
+def test_pair_decode_gives_both_values_bits_for_every_code_pair(dtype, one):
+  """The kernel's integer decode (run here on NumPy arrays): every pair of valid codes, every
+  C, with random bits above the pair, against the float bits of ``code // lv - 1``."""
+  rng = np.random.default_rng(0)
+  for C in range(1, 12):
+    lv = 2 * C - 1
+    c0, c1 = np.meshgrid(np.arange(3 * lv), np.arange(3 * lv))
+    above = rng.integers(0, 1 << 20, c0.shape).astype(np.uint32) << 12
+    raw = (c0 | c1 << 6).astype(np.uint32) | above
+    bits = lambda t: np.where(t == 0, 0, np.where(t > 0, one, one | 0x8000)).astype(np.uint32)
+    np.testing.assert_array_equal(mosaic_gpu_matmul.decode_pair(raw, lv, dtype),
+                                  bits(c0 // lv - 1) | bits(c1 // lv - 1) << 16)
+
+
 def test_permutation_stays_within_each_block():
   x = jnp.arange(3 * 128, dtype=jnp.float32).reshape(3, 128)
   permuted = mosaic_gpu_matmul.permute_features(x)

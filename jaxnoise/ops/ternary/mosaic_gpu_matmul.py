@@ -153,6 +153,58 @@ def config_reason(config: MatmulConfig, in_features: int) -> str | None:
 # The kernel.
 
 
+# One register of A holds two adjacent codes' ternary values as a pair of 16-bit floats.
+# Bits of +1 / -1 without the sign, as a multiple of bit 6 (where a code's flags land).
+_ONE_BITS = {jnp.dtype(jnp.bfloat16): 0x3F80, jnp.dtype(jnp.float16): 0x3C00}
+
+
+def pair_constants(lv: int, dtype) -> tuple[int, int, int]:
+  """``(k1, k2, spread)`` of :func:`decode_pair` for codes of ``lv`` levels per value."""
+  spread = _ONE_BITS[jnp.dtype(dtype)] >> 6
+  return (64 - lv) * 0x10001, (64 - 2 * lv) * 0x10001, spread
+
+
+def decode_pair(raw, lv: int, dtype, ops=None):
+  """Two adjacent 6-bit codes (bits 0-11 of uint32 ``raw``; higher bits ignored) to their
+  ternary values as a pair of 16-bit floats in one uint32 (the first code's in the low half).
+
+  Integer operations only, both codes at once in the two 16-bit halves (no conversion,
+  compare or select; ten operations a pair):
+
+  * ``v``: code 0 in bits 0-5, code 1 in bits 16-21;
+  * ``v + k1`` has bit 6 of a half set iff its code is ``>= lv`` (``t >= 0``), ``v + k2``
+    iff it is ``>= 2 lv`` (``t = +1``), with ``k = (64 - bound)`` in each half (no carry:
+    a half stays below 128 since ``2 lv <= 42``);
+  * the magnitude ``1.0`` is present unless ``t = 0`` (bit 6 of ``~(v + k1) | (v + k2)``),
+    spread from bit 6 to the float's bits by one multiply;
+  * the sign is ``~(v + k1)``'s bit 6 moved to bit 15 by a shift.
+
+  ``ops`` (default: NumPy-style operators on ``raw``) lets the kernel run the same
+  function on MLIR values; this module's tests run it on NumPy arrays.
+
+  Example:
+    >>> import numpy as np
+    >>> raw = np.uint32(0 | 8 << 6)  # C = 2 (lv = 3): code 0 is -1, code 8 is +1
+    >>> hex(int(decode_pair(raw, 3, jnp.bfloat16)))
+    '0x3f80bf80'
+  """
+  k1, k2, spread = pair_constants(lv, dtype)
+  if ops is None:
+    u32 = lambda value: np.uint32(value)
+    ops = dict(const=u32, shl=lambda x, n: x << u32(n), and_=lambda x, y: x & y,
+               or_=lambda x, y: x | y, xor=lambda x, y: x ^ y, add=lambda x, y: x + y,
+               mul=lambda x, y: x * y)
+  c = ops["const"]
+  v = ops["or_"](ops["and_"](raw, c(0x3F)), ops["and_"](ops["shl"](raw, 10), c(0x3F0000)))
+  at_least_zero = ops["add"](v, c(k1))
+  at_least_one = ops["add"](v, c(k2))
+  below_zero = ops["xor"](at_least_zero, c(0xFFFFFFFF))
+  magnitude = ops["mul"](ops["and_"](ops["or_"](below_zero, at_least_one), c(0x400040)),
+                         c(spread))
+  sign = ops["and_"](ops["shl"](below_zero, 9), c(0x80008000))
+  return ops["or_"](magnitude, sign)
+
+
 def _decode(lv: int, dtype):
   """The inline Mosaic GPU decode of a warpgroup's ``(64, 48)`` packed bytes to its
   ``(64, 64)`` ternary ``A`` (``dtype``) in the WGMMA register layout."""
@@ -171,19 +223,22 @@ def _decode(lv: int, dtype):
     i32 = ir.IntegerType.get_signless(32)
     i8 = ir.IntegerType.get_signless(8)
     index = ir.IndexType.get()
-    f32 = ir.F32Type.get()
-    element = ir.BF16Type.get() if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) else ir.F16Type.get()
-    const = lambda v: arith.constant(i32, v)
+    element = (ir.BF16Type.get() if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16)
+               else ir.F16Type.get())
+    const = lambda v: arith.constant(i32, ir.IntegerAttr.get(i32, v - (1 << 32) if v >= 1 << 31
+                                                             else v))
+    ops = dict(const=const, shl=lambda x, n: arith.shli(x, const(n)), and_=arith.andi,
+               or_=arith.ori, xor=arith.xori, add=arith.addi, mul=arith.muli)
     tid = mgpu_utils.thread_idx()
     lane = arith.remui(tid, const(32))
     warp = arith.remui(arith.divui(tid, const(32)), const(4))
     c = arith.remui(lane, const(4))
     first_row = arith.addi(arith.muli(warp, const(16)), arith.divui(lane, const(4)))
     byte0 = arith.muli(c, const(12))
-    lo, hi = const(2 * lv - 1), const(lv - 1)  # t = (code > lv - 1) + (code > 2 lv - 1) - 1
     regs = np.empty(fa.WGMMA_LAYOUT.registers_shape((ROWS, STEP)), dtype=object)
     word_type = ir.VectorType.get((4,), i8)
     one_word = ir.VectorType.get((1,), i32)
+    pair_type = ir.VectorType.get((2,), element)
     for half in range(2):
       row = arith.index_castui(index, arith.addi(first_row, const(8 * half)))
       words = []
@@ -193,26 +248,19 @@ def _decode(lv: int, dtype):
         words.append(vector.extract(vector.bitcast(one_word, raw), dynamic_position=[],
                                     static_position=[0]))
 
-      def code(i):
-        start, shift = divmod(6 * i, 32)
+      def pair_bits(first):
+        """Bits 0-11: codes ``first`` and ``first + 1`` of the thread's 16."""
+        start, shift = divmod(6 * first, 32)
         value = arith.shrui(words[start], const(shift)) if shift else words[start]
-        if shift > 26:  # the code spans two words
+        if shift > 20:  # the pair spans two words
           value = arith.ori(value, arith.shli(words[start + 1], const(32 - shift)))
-        return arith.andi(value, const(63))
+        return value
 
-      def ternary(i):
-        value = code(i)
-        above = lambda bound: arith.extui(i32, arith.cmpi(arith.CmpIPredicate.ugt, value,
-                                                          bound))
-        t = arith.subi(arith.addi(above(hi), above(lo)), const(1))
-        return arith.truncf(element, arith.sitofp(f32, t))
-
-      pair_type = ir.VectorType.get((2,), element)
       for j in range(4):
         for tile_half in range(2):
-          first = 4 * j + 2 * tile_half
-          regs[(0, 2 * j + tile_half, 0, 0, half, 0, 0, 0, 0)] = vector.from_elements(
-              pair_type, [ternary(first), ternary(first + 1)])
+          bits = decode_pair(pair_bits(4 * j + 2 * tile_half), lv, dtype, ops)
+          regs[(0, 2 * j + tile_half, 0, 0, half, 0, 0, 0, 0)] = vector.bitcast(
+              pair_type, vector.broadcast(one_word, bits))
     return mgpu.FragmentedArray(_registers=regs, _layout=fa.WGMMA_LAYOUT, _is_signed=None)
 
   return decode
