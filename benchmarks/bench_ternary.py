@@ -1261,7 +1261,9 @@ def main(argv=None):
                            "10's configs (no --before-matmul needed)")
   parser.add_argument("--sweep", choices=("default", "interleave", "wgmma"), default="default",
                       help="matmul part, forward: the configs (interleave: dot tiles with the "
-                           "code lanes joined, interleave_sweep_configs)")
+                           "code lanes joined, interleave_sweep_configs; wgmma: the Mosaic GPU "
+                           "kernel's tiles and neighbours beside the Triton heuristic, Hopper "
+                           "only, wgmma_sweep_configs)")
   parser.add_argument("--op", choices=("forward", "input_grad"), default="forward",
                       help="matmul part: the forward or the input gradient")
   parser.add_argument("--before-update", default=None,

@@ -93,8 +93,10 @@ def test_kernel_lowers_for_hopper(m_rows, n_out, n_in, dtype):
 
 
 def test_wgmma_configs_tile_as_documented():
-  config = MatmulConfig.wgmma_config((4, 4096, 4096))
-  assert (config.method, config.block_m, config.block_n, config.split_k) == ("wgmma", 8, 128, 8)
+  config = MatmulConfig.wgmma_config((4, 4096, 4096))  # 32 row tiles, split for 128 programs
+  assert (config.method, config.block_m, config.block_n, config.split_k) == ("wgmma", 8, 128, 4)
+  assert MatmulConfig.wgmma_config((4, 8192, 8192)).split_k == 2
+  assert MatmulConfig.wgmma_config((1024, 8192, 8192)).split_k == 1
   # float32 x: its three bfloat16 pieces are the batch (3 * 50 rows -> tiles of 128).
   assert MatmulConfig.wgmma_config((50, 1024, 1024), jnp.float32).block_m == 128
   # Each slab keeps >= 8 steps of 64 inputs: in = 512 is never split.
@@ -142,19 +144,25 @@ def test_split_that_does_not_divide_the_steps_is_rejected(monkeypatch, rng):
                                         out_dtype=jnp.bfloat16, config=config)
 
 
-def test_heuristic_takes_wgmma_only_where_it_runs_and_is_preferred(monkeypatch):
+def test_heuristic_takes_wgmma_where_it_runs_and_measured_faster(monkeypatch):
   from jaxnoise.ops.ternary.config import matmul as matmul_config  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(matmul_config, "WGMMA_DEFAULT_ROWS", (2, 64))
   heuristic = MatmulConfig.get_heuristics_config
-  assert heuristic((16, 4096, 4096), jnp.bfloat16, wgmma=True).method == "wgmma"
-  assert heuristic((16, 4096, 4096), jnp.bfloat16).method != "wgmma"
-  assert heuristic((1, 4096, 4096), jnp.bfloat16, wgmma=True).method != "wgmma"
-  assert heuristic((65, 4096, 4096), jnp.bfloat16, wgmma=True).method != "wgmma"
+  method = lambda m_rows, dtype, **kw: heuristic((m_rows, 4096, 4096), dtype, **kw).method
+  # The measured ranges: 16-bit x at 32-128 rows, float32 at 4-32.
+  for dtype, inside, outside in [(jnp.bfloat16, (32, 100, 128), (1, 16, 31, 129, 1024)),
+                                 (jnp.float16, (32, 128), (8, 256)),
+                                 (jnp.float32, (4, 32), (1, 3, 33))]:
+    assert all(method(m, dtype, wgmma=True) == "wgmma" for m in inside), dtype
+    assert all(method(m, dtype, wgmma=True) != "wgmma" for m in outside), dtype
+    assert all(method(m, dtype) != "wgmma" for m in inside), dtype
+  monkeypatch.setattr(matmul_config, "WGMMA_DEFAULT_ROWS", {2: (2, 8)})
+  assert method(4, jnp.bfloat16, wgmma=True) == "wgmma"
+  assert method(4, jnp.float32, wgmma=True) != "wgmma"
   monkeypatch.setattr(matmul_config, "WGMMA_DEFAULT_ROWS", None)
-  assert heuristic((16, 4096, 4096), jnp.bfloat16, wgmma=True).method != "wgmma"
+  assert method(64, jnp.bfloat16, wgmma=True) != "wgmma"
   candidates = MatmulConfig.candidates((16, 4096, 4096), jnp.bfloat16, wgmma=True)
   assert candidates[1] == MatmulConfig.wgmma_config((16, 4096, 4096))
-  assert {c.split_k for c in candidates if c.method == "wgmma"} == {8, 16, 4}
+  assert {c.split_k for c in candidates if c.method == "wgmma"} == {4, 8, 2}
 
 
 # ----------------------------------------------------------------------------
@@ -195,7 +203,7 @@ def test_compiled_wgmma_as_default_matches_reference(rng, dtype, monkeypatch):
   against the reference, and its gradient (the input gradient runs the Triton kernels)."""
   _needs_hopper()
   from jaxnoise.ops.ternary.config import matmul as matmul_config  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(matmul_config, "WGMMA_DEFAULT_ROWS", (1, 1 << 20))
+  monkeypatch.setattr(matmul_config, "WGMMA_DEFAULT_ROWS", {2: (1, 1 << 20), 4: (1, 1 << 20)})
   _, packed, scale = _random_layer(rng, 512, 1024, 3)
   x = jnp.asarray(rng.normal(size=(9, 1024)), dtype)
   assert ternary.MatmulConfig.get_heuristics_config((9, 512, 1024), dtype,

@@ -121,9 +121,14 @@ def ternary_matmul(
 
   The kernel loads the 0.75-byte packed codes and decodes them in registers
   (no dense weight is formed); accumulation is float32. From 65 rows (float32
-  ``x``: 4) it decodes ``t`` to a temporary for XLA's GEMM instead. float32
-  ``x`` keeps every product exact, as a float32 matmul does, yet runs on
-  bfloat16 tensor cores (:attr:`MatmulConfig.split_float32`).
+  ``x``: 4) it decodes ``t`` to a temporary for XLA's GEMM instead. On a
+  Hopper GPU, 16-bit ``x`` of 32-128 rows and float32 ``x`` of 4-32 rows
+  take a Mosaic GPU kernel whose ``wgmma`` reads ``t`` from registers
+  (``MatmulConfig(method="wgmma")``,
+  :mod:`jaxnoise.ops.ternary.mosaic_gpu_matmul`). float32 ``x`` keeps every
+  product exact, as a float32 matmul does, yet runs on bfloat16 tensor cores
+  (:attr:`MatmulConfig.split_float32`; the wgmma kernel takes the same three
+  bfloat16 pieces).
 
   Differentiation: ``d/dx`` is ``(grad_y * scale) @ t`` (a second packed
   kernel); ``d/dscale`` is exact (``sum_m grad_y * (x @ t^T)``, one more

@@ -14,6 +14,8 @@ Forward (:func:`ternary_matmul`), by ``MatmulConfig.method``:
 * ``"fma"``: the same tiles without tensor cores, for one to four rows
   (decode steps): ``t`` once per weight and one multiply-add per row, so the
   rows share the decode.
+* ``"wgmma"`` (Hopper): not here, in :mod:`jaxnoise.ops.ternary.mosaic_gpu_matmul`
+  (:func:`ternary_matmul` hands such configs over).
 * ``"decode"``: ``t`` decoded to a dense matrix, then an XLA GEMM (large
   ``M``), in the compute dtype (int4 nibbles, which XLA's GEMM would convert
   in its prologue, came out wrong from that GEMM on an H200 with jax 0.11.2:

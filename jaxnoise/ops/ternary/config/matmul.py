@@ -33,24 +33,27 @@ _DOT_PROGRAMS = 1024
 # The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
 _INPUT_GRAD_PROGRAMS = 256
 # "wgmma" (the Mosaic GPU kernel, Hopper): rows of W per program (two warpgroups of 64),
-# inputs per step, the widest batch tile, and the split's aim: about this many programs a
-# multiprocessor of a 132-SM GPU, each slab keeping at least _WGMMA_MIN_STEPS steps.
+# inputs per step, the widest batch tile, and the split's aim: about one program a
+# multiprocessor (fewer, longer programs measured faster: MatmulConfig.wgmma_config), each
+# slab keeping at least _WGMMA_MIN_STEPS steps.
 WGMMA_BLOCK_N = 128
 WGMMA_STEP = 64
 WGMMA_MAX_BLOCK_M = 128
-_WGMMA_PROGRAMS = 2 * 132
+_WGMMA_PROGRAMS = 128
 _WGMMA_MIN_STEPS = 8
 
 
-# Rows of x (inclusive range) for which the heuristic takes the "wgmma" kernel where it can
-# run; None: never (opt in with MatmulConfig.wgmma_config). Set from measurements only.
-WGMMA_DEFAULT_ROWS: tuple[int, int] | None = None
+# Rows of x (inclusive ranges, by x's itemsize) for which the heuristic takes the "wgmma"
+# kernel where it can run: where it measured faster than the Triton paths
+# (MatmulConfig.get_heuristics_config). Outside them, or with None, it is opt-in
+# (MatmulConfig.wgmma_config).
+WGMMA_DEFAULT_ROWS: dict[int, tuple[int, int]] | None = {2: (32, 128), 4: (4, 32)}
 
 
 def _prefers_wgmma(m_rows: int, itemsize: int) -> bool:
   """Whether the heuristic takes the ``"wgmma"`` kernel (where it can run) at ``M`` rows."""
-  del itemsize
-  return WGMMA_DEFAULT_ROWS is not None and WGMMA_DEFAULT_ROWS[0] <= m_rows <= WGMMA_DEFAULT_ROWS[1]
+  rows = (WGMMA_DEFAULT_ROWS or {}).get(min(itemsize, 4))
+  return rows is not None and rows[0] <= m_rows <= rows[1]
 
 
 def _gemv_split_k(out_features: int, in_features: int, block_n: int, block_groups: int,
@@ -184,8 +187,22 @@ class MatmulConfig:
     ``wgmma``: the Mosaic GPU kernel can run this call (a Hopper GPU and
     ``out % 128 == 0``, ``in % 64 == 0``:
     :func:`jaxnoise.ops.ternary.mosaic_gpu_matmul.unsupported_reason`); it is
-    then taken where it measured faster (:meth:`wgmma_config`), the Triton
-    tiles below elsewhere.
+    then taken for the rows in :data:`WGMMA_DEFAULT_ROWS` (:meth:`wgmma_config`),
+    16-bit ``x`` at 32-128 rows and float32 ``x`` at 4-32, and the Triton
+    paths below elsewhere. Session 33 (H100, jax 0.11.2, device time,
+    4096^2 / 8192^2; ``benchmarks/RESULTS.md``), the kernel against this
+    method's Triton choice:
+
+    * bf16, M = 32: 14.1 / 40.4 us against 19.3 / 63.2 (dot tiles);
+      M = 64: 18.6 / 52.8 (split 8) against 22.6 / 76.2; M = 128: 19.3 /
+      54.1 against 30.5 / 121.2 (decode).
+    * float32, M = 4: 16.5 / 42.7 against 26.9 / 122.6 (decode); M = 16:
+      18.0 / 52.6 against 31.0 / 125.2; M = 32: 19.4 / 54.0 against 31.6 /
+      125.0.
+    * Not taken: bf16 M = 1-16 (14.5-16.8 / 39.3-42.3 us against the fma and
+      dot tiles' 8.2-13.5 / 24.9-39.8), M = 256 (48.7 / 103.4 at split 8
+      against decode's 34.6 / 125.9; fewer splits not measured) and 1024
+      (106.5 / 315.4 against 61.0 / 254.9).
 
     The choices follow the compiled sweeps (H200, jax 0.11.2, 2026-12-01;
     ``benchmarks/results/2026-12-01-h200-s5/ternary*`` and, in device time,
@@ -261,18 +278,25 @@ class MatmulConfig:
 
     * ``block_m``: ``M`` (float32 ``x``: ``3 M``, its bfloat16 pieces) rounded
       up to a power of 2 from 8 (the narrowest ``wgmma``), at most 128.
-    * ``split_k``: the fewest slabs of ``in`` (a power of 2) that give about two
-      programs a multiprocessor, each slab keeping at least 8 steps of 64.
+    * ``split_k``: the fewest slabs of ``in`` (a power of 2) that give at least
+      128 programs (about one a multiprocessor), each slab keeping at least 8
+      steps of 64 inputs. Session 33 (H100, device time, bf16): fewer, longer
+      programs were faster at every shape measured. 4096^2 M=32: split 4
+      (128 programs) 14.1 us, 8 15.5, 16 20.2; M=128: 19.3 / 24.8 / 40.0;
+      8192^2 M=32: 40.4 / 45.1 / 52.8, M=128: 54.1 / 68.5 / 95.7 (split 2,
+      which this rule picks at 8192^2, was not measured); float32 M=32:
+      19.4 / 24.7 / 39.0 and 54.0 / 69.5 / 97.6.
     * ``num_stages``: 8 buffers for batch tiles up to 16 (a step is mostly the
-      codes' 6 KiB), else 4.
+      codes' 6 KiB), else 4 (8 against 4 at M=32: 16.1 against 15.5 us at
+      4096^2, 44.3 against 45.1 at 8192^2).
 
     Example:
       >>> config = MatmulConfig.wgmma_config((4, 4096, 4096))
       >>> config.block_m, config.split_k, config.num_stages
-      (8, 8, 8)
+      (8, 4, 8)
       >>> config = MatmulConfig.wgmma_config((256, 8192, 8192))
       >>> config.block_m, config.split_k, config.num_stages
-      (128, 4, 4)
+      (128, 1, 4)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     rows = 3 * m_rows if jnp.dtype(dtype).itemsize >= 4 else m_rows
