@@ -15,16 +15,20 @@ memory; no dense weight exists anywhere.
   ``12c .. 12c+11`` (codes ``16c .. 16c+15``) and gives chunk ``j`` its codes
   ``16c + 4j + (0, 1)`` and ``16c + 4j + (2, 3)``: no shuffle, three aligned
   32-bit shared-memory loads a row, free of bank conflicts (a warp's 32
-  words fall in 32 banks).
+  words fall in 32 banks). Each such pair of adjacent codes becomes the
+  register's two 16-bit floats by ten integer operations
+  (:func:`decode_pair`; no conversion, compare or select: the first decode,
+  with two conversions a code, left the kernel at a dense matmul's speed).
 * **``x`` permuted to match.** Column ``p`` of ``A``'s step holds the code of
   feature :data:`PERMUTATION` ``[p]``, so ``x``'s columns are gathered the same
   way inside each 64-wide block (:func:`permute_features`), one small XLA
   fusion with the padding and the cast at the batch sizes this is for.
 * **Tiles.** A program is 2 compute warpgroups of 64 rows of ``W`` each
   (``MatmulConfig.block_n = 128``), ``block_m`` rows of ``x`` (``wgmma``'s N)
-  and one of ``split_k`` slabs of ``in``, so that enough programs stream
-  ``W`` at decode-sized batches. XLA sums the slabs' float32 partial
-  products, scales the rows and transposes.
+  and one of ``split_k`` slabs of ``in``, so that about one program a
+  multiprocessor streams ``W`` at small batches
+  (:meth:`~jaxnoise.ops.ternary.config.MatmulConfig.wgmma_config`). XLA sums
+  the slabs' float32 partial products, scales the rows and transposes.
 * **dtypes.** bfloat16 and float16 ``x`` meet ``t`` in their own dtype
   (``t`` is exact in both); float32 ``x`` enters as its three bfloat16 pieces
   (:func:`jaxnoise.ops.ternary.pallas_triton_matmul.bf16_pieces`, stacked
@@ -33,7 +37,10 @@ memory; no dense weight exists anywhere.
 
 Pallas has no interpreter for Mosaic GPU kernels: they run on a Hopper GPU
 only, and CI lowers them for CUDA on the CPU and checks the decode's index
-math in NumPy (:func:`decode_model`).
+math in NumPy (:func:`decode_model`, :func:`decode_pair`). Compiled on an H100
+(jax 0.11.2, session 33) the kernel gives exact products at odd shapes in every
+dtype; its speed against the Triton paths is in ``benchmarks/RESULTS.md`` and
+:meth:`~jaxnoise.ops.ternary.config.MatmulConfig.get_heuristics_config`.
 """
 
 from __future__ import annotations
@@ -51,8 +58,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxnoise.ops import _mosaic
 from jaxnoise.ops.ternary.config.matmul import WGMMA_BLOCK_N, WGMMA_STEP, MatmulConfig
 
-__all__ = ["PERMUTATION", "config_reason", "decode_model", "permute_features", "ternary_matmul",
-           "unsupported_reason"]
+__all__ = ["PERMUTATION", "config_reason", "decode_model", "decode_pair", "pair_constants",
+           "permute_features", "ternary_matmul", "unsupported_reason"]
 
 STEP = WGMMA_STEP  # features per pipeline step (a row's 48 packed bytes)
 STEP_BYTES = 3 * STEP // 4
