@@ -109,7 +109,9 @@ def test_wgmma_configs_tile_as_documented():
 @pytest.mark.parametrize("fields,match", [
     (dict(block_n=64), "block_n=128"), (dict(block_groups=32), "block_groups=16"),
     (dict(block_m=4), r"block_m must be in \[8, 128\]"),
-    (dict(block_m=256), r"block_m must be in \[8, 128\]")])
+    (dict(block_m=256), r"block_m must be in \[8, 128\]"),
+    (dict(allow_tf32=True), "does not use allow_tf32"),
+    (dict(num_warps=8, interleave_lanes=True), "does not use num_warps, interleave_lanes")])
 def test_wgmma_config_rejects_other_tiles(fields, match):
   with pytest.raises(ValueError, match=match):
     dataclasses.replace(MatmulConfig.wgmma_config((8, 256, 256)), **fields)

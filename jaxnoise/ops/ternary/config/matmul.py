@@ -41,6 +41,9 @@ WGMMA_STEP = 64
 WGMMA_MAX_BLOCK_M = 128
 _WGMMA_PROGRAMS = 128
 _WGMMA_MIN_STEPS = 8
+# Fields of MatmulConfig that the "wgmma" kernel does not read (they must keep their defaults).
+_WGMMA_UNUSED_FIELDS = ("num_warps", "allow_tf32", "word_loads", "x_vector_loads", "decode_to",
+                        "split_float32", "interleave_lanes", "weights_lhs", "register_prefetch")
 
 
 # Rows of x (inclusive ranges, by x's itemsize) for which the heuristic takes the "wgmma"
@@ -88,8 +91,8 @@ class MatmulConfig:
       :mod:`jaxnoise.ops.ternary.mosaic_gpu_matmul`, ``t`` decoded in
       registers as ``wgmma``'s left operand; ``block_n = 128``,
       ``block_groups = 16``, ``block_m`` the batch tile of 8 to 128 rows,
-      ``num_stages`` its pipeline buffers, ``split_k`` slabs of ``in``;
-      ``num_warps`` is not used). The input gradient runs ``"dot"`` or
+      ``num_stages`` its pipeline buffers, ``split_k`` slabs of ``in``; the
+      other fields must keep their defaults). The input gradient runs ``"dot"`` or
       ``"decode"`` (an ``"fma"`` or ``"wgmma"`` config there means its
       heuristic).
     word_loads: read the codes as uint32 words (three per 16 codes) when
@@ -157,6 +160,12 @@ class MatmulConfig:
         raise ValueError(f"MatmulConfig with method='wgmma' needs block_n={WGMMA_BLOCK_N} and "
                          f"block_groups={WGMMA_STEP // 4}, got block_n={self.block_n}, "
                          f"block_groups={self.block_groups}")
+      unused = [f.name for f in dataclasses.fields(self)
+                if f.name in _WGMMA_UNUSED_FIELDS and getattr(self, f.name) != f.default]
+      if unused:
+        raise ValueError(f"MatmulConfig with method='wgmma' does not use {', '.join(unused)}; "
+                         f"leave them at their defaults (float32 x always runs as exact "
+                         f"bfloat16 pieces)")
       if not 8 <= self.block_m <= WGMMA_MAX_BLOCK_M:
         raise ValueError(f"MatmulConfig.block_m must be in [8, {WGMMA_MAX_BLOCK_M}] for "
                          f"method='wgmma' (wgmma's N), got {self.block_m}")
