@@ -753,17 +753,13 @@ def matmul_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
 
 def wgmma_sweep_configs(shape, dtype=jnp.bfloat16) -> list:
   """The ``"wgmma"`` kernel's heuristic tiles (Hopper), then the Triton heuristic, then the
-  kernel with its ``in`` split doubled and halved, the other pipeline depth, and (from 128
-  rows) batch tiles of 64."""
+  kernel's neighbours (``MatmulConfig.wgmma_candidates``: its ``in`` split doubled and
+  halved, the other pipeline depth) and (from 128 rows) batch tiles of 64."""
   M = config_lib.MatmulConfig
-  wgmma = M.wgmma_config(shape, dtype)
-  replace = dataclasses.replace
-  out = [wgmma, M.get_heuristics_config(shape, dtype),
-         replace(wgmma, split_k=2 * wgmma.split_k),
-         replace(wgmma, split_k=max(1, wgmma.split_k // 2)),
-         replace(wgmma, num_stages=4 if wgmma.num_stages > 4 else 8)]
-  if wgmma.block_m == 128:
-    out.append(replace(wgmma, block_m=64))
+  tiles, *neighbours = M.wgmma_candidates(shape, dtype)
+  out = [tiles, M.get_heuristics_config(shape, dtype), *neighbours]
+  if tiles.block_m == 128:
+    out.append(dataclasses.replace(tiles, block_m=64))
   return list(dict.fromkeys(out))
 
 

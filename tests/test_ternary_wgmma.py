@@ -2,7 +2,7 @@
 
 Pallas has no interpreter for Mosaic GPU kernels, so on the CPU the tests
 check the kernel's index math in NumPy (:func:`mosaic_gpu_matmul.decode_model`
-against ``pack_codes``' layout, on fresh codes), lower it for CUDA at odd
+on fresh codes packed by SPEC's formula), lower it for CUDA at odd
 batch sizes in every dtype, and check its configs and errors. The ``gpu``
 tests run it on a Hopper GPU against exact products and the reference.
 """
@@ -23,27 +23,21 @@ from jaxnoise.ops.ternary import config as config_lib
 from jaxnoise.ops.ternary import mosaic_gpu_matmul
 from jaxnoise.ops.ternary import pallas_triton_matmul
 from jaxnoise.ops.ternary import reference
+from test_ternary_ops import exact_product, random_state
 
 MatmulConfig = config_lib.MatmulConfig
 
 
 def _random_layer(rng, n_out: int, n_in: int, C: int):
-  codes = rng.integers(0, reference.n_codes(C), (n_out, n_in)).astype(np.int32)
-  packed = ternary.pack_codes(jnp.asarray(codes), C=C, implementation="reference")
-  scale = jnp.asarray(rng.uniform(0.05, 2.0, n_out), jnp.float32)
-  return codes, packed, scale
-
-
-def _exact(x_int: np.ndarray, codes: np.ndarray, C: int, scale) -> np.ndarray:
-  """``(x t^T) * scale`` for integer ``x``: exact sums, then one float32 product."""
-  t = np.asarray(reference.ternary_of(jnp.asarray(codes), C), np.float64)
-  return (x_int.astype(np.float64) @ t.T).astype(np.float32) * np.asarray(scale)[None, :]
+  """Fresh valid codes (``int64``), packed by SPEC's formula, and a row scale."""
+  codes, packed, scale, _ = random_state(rng, n_out, n_in, C)
+  return codes.astype(np.int64), packed, scale
 
 
 @pytest.mark.parametrize("C", [1, 2, 3, 11])
 def test_decode_model_and_permutation_give_the_product_exactly(rng, C):
   """Each thread's three words give A's columns the codes that, with x's columns permuted
-  per 64-wide block, make ``x t^T`` exactly (fresh codes from ``pack_codes``)."""
+  per 64-wide block, make ``x t^T`` exactly (fresh codes packed by SPEC's formula)."""
   codes, packed, _ = _random_layer(rng, 16, 192, C)
   a_codes = mosaic_gpu_matmul.decode_model(np.asarray(packed))
   assert (a_codes >= 0).all(), "a column of A was never written"
@@ -188,7 +182,7 @@ def test_compiled_kernel_gives_exact_products(rng, m_rows, n_out, n_in, C, dtype
   _needs_hopper()
   codes, packed, scale = _random_layer(rng, n_out, n_in, C)
   x_int = rng.integers(-4, 5, (m_rows, n_in))
-  expected = _exact(x_int, codes, C, scale)
+  expected = exact_product(x_int, codes, C, scale)
   base = MatmulConfig.wgmma_config((m_rows, n_out, n_in), dtype)
   splits = {base.split_k, 1} | ({2} if (n_in // 64) % 2 == 0 else set())
   for split in sorted(splits):

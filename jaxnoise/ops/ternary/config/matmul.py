@@ -321,6 +321,22 @@ class MatmulConfig:
                num_warps=4, num_stages=stages, split_k=split, method="wgmma")
 
   @classmethod
+  def wgmma_candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16
+                       ) -> list["MatmulConfig"]:
+    """:meth:`wgmma_config`'s tiles, then their split along ``in`` doubled and halved (where
+    it divides the steps) and the other pipeline depth.
+
+    Example:
+      >>> [c.split_k for c in MatmulConfig.wgmma_candidates((16, 4096, 4096))]
+      [4, 8, 2, 4]
+    """
+    tiles = cls.wgmma_config(shape, dtype)
+    steps = int(shape[2]) // WGMMA_STEP
+    splits = [s for s in (2 * tiles.split_k, tiles.split_k // 2) if s and steps % s == 0]
+    return ([tiles] + [dataclasses.replace(tiles, split_k=s) for s in splits]
+            + [dataclasses.replace(tiles, num_stages=4 if tiles.num_stages > 4 else 8)])
+
+  @classmethod
   def _gemv_config(cls, out_features: int, in_features: int) -> "MatmulConfig":
     """One row of 16-bit ``x``: small programs over whole rows, no split along ``in``.
 
@@ -525,12 +541,8 @@ class MatmulConfig:
     out = [base]
     replace = dataclasses.replace
     if wgmma:
-      tiles = cls.wgmma_config(shape, dtype)
-      steps = in_features // WGMMA_STEP
-      splits = [s for s in (2 * tiles.split_k, tiles.split_k // 2) if s and steps % s == 0]
-      out = ([cls.get_heuristics_config(shape, dtype, wgmma=True), tiles]
-             + [replace(tiles, split_k=s) for s in splits]
-             + [replace(tiles, num_stages=4 if tiles.num_stages > 4 else 8)] + out)
+      out = ([cls.get_heuristics_config(shape, dtype, wgmma=True)]
+             + cls.wgmma_candidates(shape, dtype) + out)
     if m_rows <= 16:
       fma = cls._fma_config(m_rows, out_features, in_features)
       dot = base if base.method == "dot" else replace(cls._dot_tiles(shape, dtype),
