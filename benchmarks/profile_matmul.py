@@ -1,7 +1,9 @@
 """One compiled call of the packed matmul per case, for Nsight Compute.
 
 Each case is ``MxOUTxIN`` (bfloat16 ``x``, the heuristic's tiles), optionally
-followed by ``:field=value,...`` to replace fields of that config. With no
+followed by ``:field=value,...`` to replace fields of that config
+(``method=wgmma`` starts from ``MatmulConfig.wgmma_config``'s tiles instead, and
+``in_flight=2`` sets ``mosaic_gpu_matmul.STEPS_IN_FLIGHT``). With no
 cases: one and two rows at 4096^2 and 8192^2 (session 18). Run it under
 ``ncu -k regex:ternary_matmul`` (the kernels come in the order printed):
 
@@ -24,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import offline_ptx  # noqa: E402  pylint: disable=g-import-not-at-top
-from jaxnoise.ops.ternary import pallas_triton_matmul, reference  # noqa: E402
+from jaxnoise.ops.ternary import mosaic_gpu_matmul, pallas_triton_matmul, reference  # noqa: E402
 from jaxnoise.ops.ternary.config import MatmulConfig  # noqa: E402
 
 DEFAULT_CASES = ("1x4096x4096", "1x8192x8192", "2x8192x8192")
@@ -42,9 +44,11 @@ def parse_case(spec: str) -> tuple[tuple[int, int, int], dict]:
 def main(specs):
   for spec in specs or DEFAULT_CASES:
     (m_rows, out_features, in_features), overrides = parse_case(spec)
-    config = dataclasses.replace(
-        MatmulConfig.get_heuristics_config((m_rows, out_features, in_features), jnp.bfloat16),
-        **overrides)
+    shape = (m_rows, out_features, in_features)
+    mosaic_gpu_matmul.STEPS_IN_FLIGHT = int(overrides.pop("in_flight", 1))
+    base = (MatmulConfig.wgmma_config(shape) if overrides.get("method") == "wgmma"
+            else MatmulConfig.get_heuristics_config(shape, jnp.bfloat16))
+    config = dataclasses.replace(base, **overrides)
     codes = jax.random.randint(jax.random.key(0), (out_features, in_features), 0,
                                reference.n_codes(11))
     packed = reference.pack_codes_reference(codes)

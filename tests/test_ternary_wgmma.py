@@ -86,6 +86,24 @@ def test_kernel_lowers_for_hopper(m_rows, n_out, n_in, dtype):
   assert "mosaic_gpu" in lowered.as_text()
 
 
+# Tiles beyond the heuristic's: four warpgroups (block_n=256), the widest batch tile, and a
+# step's wgmmas left in flight while the next step is decoded (STEPS_IN_FLIGHT = 2).
+_VARIANTS = [(dict(block_n=256), 1), (dict(block_m=256, num_stages=4), 1), (dict(), 2),
+             (dict(block_n=256), 2)]
+
+
+@pytest.mark.parametrize("fields,in_flight", _VARIANTS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_kernel_variants_lower_for_hopper(monkeypatch, fields, in_flight, dtype):
+  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
+  config = dataclasses.replace(MatmulConfig.wgmma_config((70, 512, 1024), dtype), **fields)
+  fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=dtype,
+                                 config=config))
+  avals = (jax.ShapeDtypeStruct((70, 1024), dtype),
+           jax.ShapeDtypeStruct((512, 768), jnp.uint8), jax.ShapeDtypeStruct((512,), jnp.float32))
+  assert "mosaic_gpu" in fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+
+
 def test_wgmma_configs_tile_as_documented():
   config = MatmulConfig.wgmma_config((4, 4096, 4096))  # 32 row tiles, split for 128 programs
   assert (config.method, config.block_m, config.block_n, config.split_k) == ("wgmma", 8, 128, 4)
@@ -97,13 +115,14 @@ def test_wgmma_configs_tile_as_documented():
   assert MatmulConfig.wgmma_config((1, 128, 512)).split_k == 1
   for m_rows in (1, 3, 64, 1000):
     config = MatmulConfig.wgmma_config((m_rows, 512, 2048))
-    assert mosaic_gpu_matmul.config_reason(config, 2048) is None
+    assert mosaic_gpu_matmul.config_reason(config, 512, 2048) is None
 
 
 @pytest.mark.parametrize("fields,match", [
-    (dict(block_n=64), "block_n=128"), (dict(block_groups=32), "block_groups=16"),
-    (dict(block_m=4), r"block_m must be in \[8, 128\]"),
-    (dict(block_m=256), r"block_m must be in \[8, 128\]"),
+    (dict(block_n=64), r"block_n in \(128, 256\)"), (dict(block_n=512), "block_n in"),
+    (dict(block_groups=32), "block_groups=16"),
+    (dict(block_m=4), r"block_m must be in \[8, 256\]"),
+    (dict(block_m=512), r"block_m must be in \[8, 256\]"),
     (dict(allow_tf32=True), "does not use allow_tf32"),
     (dict(num_warps=8, interleave_lanes=True), "does not use num_warps, interleave_lanes")])
 def test_wgmma_config_rejects_other_tiles(fields, match):
@@ -136,6 +155,10 @@ def test_split_that_does_not_divide_the_steps_is_rejected(monkeypatch, rng):
   _, packed, scale = _random_layer(rng, 128, 192, 2)
   config = dataclasses.replace(MatmulConfig.wgmma_config((2, 128, 192)), split_k=2)
   with pytest.raises(ValueError, match="split_k = 2 does not divide in / 64 = 3"):
+    pallas_triton_matmul.ternary_matmul(jnp.ones((2, 192), jnp.bfloat16), packed, scale, C=2,
+                                        out_dtype=jnp.bfloat16, config=config)
+  config = dataclasses.replace(config, split_k=1, block_n=256)
+  with pytest.raises(ValueError, match="block_n = 256 does not divide out = 128"):
     pallas_triton_matmul.ternary_matmul(jnp.ones((2, 192), jnp.bfloat16), packed, scale, C=2,
                                         out_dtype=jnp.bfloat16, config=config)
 
@@ -190,6 +213,23 @@ def test_compiled_kernel_gives_exact_products(rng, m_rows, n_out, n_in, C, dtype
     y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=C,
                                out_dtype=jnp.float32, implementation="pallas", config=config)
     np.testing.assert_array_equal(np.asarray(y), expected, err_msg=f"split_k={split}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fields,in_flight", _VARIANTS)
+@pytest.mark.parametrize("m_rows,dtype", [(5, jnp.bfloat16), (130, jnp.float16),
+                                          (300, jnp.bfloat16), (40, jnp.float32)])
+def test_compiled_kernel_variants_give_exact_products(rng, monkeypatch, fields, in_flight,
+                                                      m_rows, dtype):
+  """The tiles beyond the heuristic's, bit for bit against exact products (integer ``x``)."""
+  _needs_hopper()
+  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
+  codes, packed, scale = _random_layer(rng, 512, 1536, 3)
+  x_int = rng.integers(-4, 5, (m_rows, 1536))
+  config = dataclasses.replace(MatmulConfig.wgmma_config((m_rows, 512, 1536), dtype), **fields)
+  y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=3,
+                             out_dtype=jnp.float32, implementation="pallas", config=config)
+  np.testing.assert_array_equal(np.asarray(y), exact_product(x_int, codes, 3, scale))
 
 
 @pytest.mark.gpu

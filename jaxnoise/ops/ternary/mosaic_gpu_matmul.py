@@ -56,17 +56,17 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxnoise.ops import _mosaic
-from jaxnoise.ops.ternary.config.matmul import WGMMA_BLOCK_N, WGMMA_STEP, MatmulConfig
+from jaxnoise.ops.ternary.config.matmul import WGMMA_BLOCK_NS, WGMMA_STEP, MatmulConfig
 
 __all__ = ["PERMUTATION", "config_reason", "decode_model", "decode_pair", "pair_constants",
            "permute_features", "ternary_matmul", "unsupported_reason"]
 
 STEP = WGMMA_STEP  # features per pipeline step (a row's 48 packed bytes)
 STEP_BYTES = 3 * STEP // 4
-ROWS = 64  # rows of W per compute warpgroup
-WARPGROUPS = 2
-BLOCK_N = WGMMA_BLOCK_N  # rows of W per program
-assert BLOCK_N == WARPGROUPS * ROWS
+ROWS = 64  # rows of W per compute warpgroup (MatmulConfig.block_n / ROWS warpgroups a program)
+# Pipeline steps whose wgmmas may be in flight while a warpgroup decodes the next step (1: each
+# step waits for its own; 2: for the previous step's, the buffers released a step late).
+STEPS_IN_FLIGHT = 1
 
 
 def _permutation() -> np.ndarray:
@@ -140,16 +140,18 @@ def unsupported_reason(m_rows: int, out_features: int, in_features: int, dtype,
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16),
                               jnp.dtype(jnp.float32)):
     return f"needs bfloat16, float16 or float32 x, got {jnp.dtype(dtype).name}"
-  if out_features % BLOCK_N:
-    return f"out = {out_features} is not a multiple of {BLOCK_N}"
+  if out_features % WGMMA_BLOCK_NS[0]:
+    return f"out = {out_features} is not a multiple of {WGMMA_BLOCK_NS[0]}"
   if in_features % STEP:
     return f"in = {in_features} is not a multiple of {STEP}"
   del m_rows  # any number of rows: padded to the tile
   return None
 
 
-def config_reason(config: MatmulConfig, in_features: int) -> str | None:
-  """Why a ``"wgmma"`` config cannot tile ``in_features`` (None if it can)."""
+def config_reason(config: MatmulConfig, out_features: int, in_features: int) -> str | None:
+  """Why a ``"wgmma"`` config cannot tile ``(out, in)`` (None if it can)."""
+  if out_features % config.block_n:
+    return f"block_n = {config.block_n} does not divide out = {out_features}"
   steps = in_features // STEP
   if steps % config.split_k:
     return f"split_k = {config.split_k} does not divide in / {STEP} = {steps}"
@@ -274,11 +276,15 @@ def _decode(lv: int, dtype):
 
 
 def _kernel(packed_gmem, x_gmem, out_gmem, *, lv: int, config: MatmulConfig, dtype):
-  """One program: 128 rows of ``W`` (two warpgroups), ``batch_tile`` rows of ``x``, one
-  slab of ``in``; its ``(128, batch_tile)`` float32 partial product to ``out[split]``."""
+  """One program: ``block_n`` rows of ``W`` (a warpgroup per 64), ``block_m`` rows of ``x``,
+  one slab of ``in``; its ``(block_n, block_m)`` float32 partial product to ``out[split]``."""
   batch, n_in = x_gmem.shape
-  splits, batch_tile = config.split_k, config.block_m
+  splits, batch_tile, block_n = config.split_k, config.block_m, config.block_n
   steps = n_in // STEP // splits
+  stages = min(config.num_stages, steps)
+  # A step's wgmmas stay in flight while the next step is decoded: its buffers are released
+  # a step late (Pallas' delay_release), so the pipeline needs a second buffer.
+  delay = min(STEPS_IN_FLIGHT - 1, stages - 1, steps - 1)
   batch_tiles = batch // batch_tile
   program = lax.axis_index("program")
   row_tile, rest = program // (splits * batch_tiles), program % (splits * batch_tiles)
@@ -287,14 +293,14 @@ def _kernel(packed_gmem, x_gmem, out_gmem, *, lv: int, config: MatmulConfig, dty
   x_transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
                   plgpu.SwizzleTransform(swizzle))
   decode = _decode(lv, dtype)
-  rows = pl.ds(row_tile * BLOCK_N, BLOCK_N)
+  rows = pl.ds(row_tile * block_n, block_n)
   cols = pl.ds(batch_index * batch_tile, batch_tile)
 
   def body(_, packed_smem, x_smem, acc):
     wg = lax.axis_index("wg")
     a = decode(packed_smem.at[pl.ds(wg * ROWS, ROWS)])
     plgpu.wgmma(acc, a, x_smem.transpose((1, 0)))
-    plgpu.wgmma_wait(0)
+    plgpu.wgmma_wait(delay)
     return acc
 
   def context(run):
@@ -302,15 +308,16 @@ def _kernel(packed_gmem, x_gmem, out_gmem, *, lv: int, config: MatmulConfig, dty
     def _scope(acc):
       run(acc)
       wg = lax.axis_index("wg")
+      # Reading the accumulator waits for the last wgmmas.
       out_gmem.at[split, rows, cols].at[pl.ds(wg * ROWS, ROWS)][...] = acc[...]
 
   pipeline = plgpu.emit_pipeline_warp_specialized(
       body, grid=(steps,), memory_registers=40,
-      in_specs=[plgpu.BlockSpec((BLOCK_N, STEP_BYTES), lambda k: (0, k),
-                                memory_space=plgpu.SMEM),
+      in_specs=[plgpu.BlockSpec((block_n, STEP_BYTES), lambda k: (0, k),
+                                memory_space=plgpu.SMEM, delay_release=delay),
                 plgpu.BlockSpec((batch_tile, STEP), lambda k: (0, k), transforms=x_transforms,
-                                memory_space=plgpu.SMEM)],
-      wg_axis="wg", num_compute_wgs=WARPGROUPS, max_concurrent_steps=min(config.num_stages, steps),
+                                memory_space=plgpu.SMEM, delay_release=delay)],
+      wg_axis="wg", num_compute_wgs=block_n // ROWS, max_concurrent_steps=stages,
       compute_context=context)
   pipeline(packed_gmem.at[rows, pl.ds(split * steps * STEP_BYTES, steps * STEP_BYTES)],
            x_gmem.at[cols, pl.ds(split * steps * STEP, steps * STEP)])
@@ -323,11 +330,12 @@ def _unscaled(x16, packed, *, C: int, config: MatmulConfig):
   n_out = packed.shape[0]
   padded = -(-m_rows // config.block_m) * config.block_m
   x_rows = permute_features(jnp.pad(x16, ((0, padded - m_rows), (0, 0))))
-  programs = n_out // BLOCK_N * (padded // config.block_m) * config.split_k
+  programs = n_out // config.block_n * (padded // config.block_m) * config.split_k
   body = functools.partial(_kernel, lv=2 * C - 1, config=config, dtype=x16.dtype)
   call = _mosaic.kernel(
       body, out_type=jax.ShapeDtypeStruct((config.split_k, n_out, padded), jnp.float32),
-      grid=(programs,), grid_names=("program",), num_threads=WARPGROUPS + 1, thread_name="wg")
+      grid=(programs,), grid_names=("program",),
+      num_threads=config.block_n // ROWS + 1, thread_name="wg")
   return call(packed, x_rows).sum(0).T[:m_rows]
 
 

@@ -423,7 +423,7 @@ def _wgmma_matmul(x, packed, scale, *, C: int, out_dtype, config: MatmulConfig,
   """The ``"wgmma"`` method (:mod:`.mosaic_gpu_matmul`), or a ValueError saying why not."""
   shape = (x.shape[0], packed.shape[0], x.shape[1])
   reason = (mosaic_gpu_matmul.unsupported_reason(*shape, x.dtype, interpret)
-            or mosaic_gpu_matmul.config_reason(config, x.shape[1]))
+            or mosaic_gpu_matmul.config_reason(config, *shape[1:]))
   if reason:
     raise ValueError(f"MatmulConfig(method='wgmma') cannot run x {x.dtype.name}{list(x.shape)} "
                      f"@ packed uint8{list(packed.shape)}: {reason}")

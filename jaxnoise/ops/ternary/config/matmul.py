@@ -32,13 +32,16 @@ _GEMV_MIN_OUT = 2048
 _DOT_PROGRAMS = 1024
 # The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
 _INPUT_GRAD_PROGRAMS = 256
-# "wgmma" (the Mosaic GPU kernel, Hopper): rows of W per program (two warpgroups of 64),
-# inputs per step, the widest batch tile, and the split's aim: about one program a
-# multiprocessor (fewer, longer programs measured faster: MatmulConfig.wgmma_config), each
-# slab keeping at least _WGMMA_MIN_STEPS steps.
-WGMMA_BLOCK_N = 128
+# "wgmma" (the Mosaic GPU kernel, Hopper): rows of W per program (a warpgroup per 64; the
+# heuristic's first), inputs per step, the widest batch tile (wgmma's N), the heuristic's
+# widest, and the split's aim: about one program a multiprocessor (fewer, longer programs
+# measured faster: MatmulConfig.wgmma_config), each slab keeping at least _WGMMA_MIN_STEPS
+# steps.
+WGMMA_BLOCK_NS = (128, 256)
+WGMMA_BLOCK_N = WGMMA_BLOCK_NS[0]
 WGMMA_STEP = 64
-WGMMA_MAX_BLOCK_M = 128
+WGMMA_MAX_BLOCK_M = 256
+_WGMMA_HEURISTIC_MAX_BLOCK_M = 128
 _WGMMA_PROGRAMS = 128
 _WGMMA_MIN_STEPS = 8
 # Fields of MatmulConfig that the "wgmma" kernel does not read (they must keep their defaults).
@@ -89,8 +92,9 @@ class MatmulConfig:
       GEMM: a temporary ``out x in`` matrix, for large ``M``) or ``"wgmma"``
       (Hopper only: the Mosaic GPU kernel of
       :mod:`jaxnoise.ops.ternary.mosaic_gpu_matmul`, ``t`` decoded in
-      registers as ``wgmma``'s left operand; ``block_n = 128``,
-      ``block_groups = 16``, ``block_m`` the batch tile of 8 to 128 rows,
+      registers as ``wgmma``'s left operand; ``block_n`` 128 or 256 rows
+      of ``W`` (two or four warpgroups), ``block_groups = 16``, ``block_m``
+      the batch tile of 8 to 256 rows,
       ``num_stages`` its pipeline buffers, ``split_k`` slabs of ``in``; the
       other fields must keep their defaults). The input gradient runs ``"dot"`` or
       ``"decode"`` (an ``"fma"`` or ``"wgmma"`` config there means its
@@ -156,9 +160,9 @@ class MatmulConfig:
       raise ValueError(f"MatmulConfig.method must be one of {MATMUL_METHODS}, "
                        f"got {self.method!r}")
     if self.method == "wgmma":
-      if (self.block_n, self.block_groups) != (WGMMA_BLOCK_N, WGMMA_STEP // 4):
-        raise ValueError(f"MatmulConfig with method='wgmma' needs block_n={WGMMA_BLOCK_N} and "
-                         f"block_groups={WGMMA_STEP // 4}, got block_n={self.block_n}, "
+      if self.block_n not in WGMMA_BLOCK_NS or self.block_groups != WGMMA_STEP // 4:
+        raise ValueError(f"MatmulConfig with method='wgmma' needs block_n in {WGMMA_BLOCK_NS} "
+                         f"and block_groups={WGMMA_STEP // 4}, got block_n={self.block_n}, "
                          f"block_groups={self.block_groups}")
       unused = [f.name for f in dataclasses.fields(self)
                 if f.name in _WGMMA_UNUSED_FIELDS and getattr(self, f.name) != f.default]
@@ -309,7 +313,7 @@ class MatmulConfig:
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     rows = 3 * m_rows if jnp.dtype(dtype).itemsize >= 4 else m_rows
-    block_m = min(WGMMA_MAX_BLOCK_M, max(8, next_power_of_2(rows)))
+    block_m = min(_WGMMA_HEURISTIC_MAX_BLOCK_M, max(8, next_power_of_2(rows)))
     tiles = max(1, out_features // WGMMA_BLOCK_N) * -(-rows // block_m)
     steps = max(1, in_features // WGMMA_STEP)
     split = 1

@@ -1,0 +1,148 @@
+"""The packed matmul's Mosaic GPU kernel beyond the heuristic's tiles (Hopper only).
+
+Session 34's question: where does ``MatmulConfig(method="wgmma")`` lose time?
+Each ``(M, out, in)`` case times, in device time (CUPTI) and side by side:
+
+* a dense matmul in ``x``'s dtype (the target's reference) and the Triton
+  heuristic (what the library ran before the kernel);
+* the kernel at :meth:`MatmulConfig.wgmma_config`'s tiles (``base``);
+* ``in_flight2``: a step's ``wgmma`` left in flight while the warpgroup
+  decodes the next step (``mosaic_gpu_matmul.STEPS_IN_FLIGHT = 2``);
+* ``wg4``: four compute warpgroups a program (``block_n=256``), so twice the
+  warps hide the decode's latency, at the same number of programs;
+* ``bm256``: the widest batch tile from 256 rows (each program's codes
+  decoded once for 256 rows instead of twice);
+* the split along ``in`` halved and doubled.
+
+Every variant is screened against the reference first. Example::
+
+  PYTHONPATH=. python3 benchmarks/explore_wgmma_tiles.py --batches 1,16,256 --budget 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import _harness
+from benchmarks.bench_ternary import C, L2_BYTES, make_state
+from jaxnoise.ops.ternary import mosaic_gpu_matmul
+from jaxnoise.ops.ternary import pallas_triton_matmul
+from jaxnoise.ops.ternary import reference
+from jaxnoise.ops.ternary.config import MatmulConfig
+
+
+def _with_programs(config: MatmulConfig, shape, dtype, programs: int = 128) -> MatmulConfig:
+  """``config`` with its split along ``in`` doubled until ``programs`` programs (as the
+  heuristic's rule, for other tiles)."""
+  m_rows, n_out, n_in = shape
+  rows = 3 * m_rows if jnp.dtype(dtype).itemsize == 4 else m_rows
+  steps = n_in // 64
+  tiles = n_out // config.block_n * -(-rows // config.block_m)
+  split = 1
+  while tiles * split < programs and steps % (2 * split) == 0 and steps // (2 * split) >= 4:
+    split *= 2
+  return dataclasses.replace(config, split_k=split,
+                             num_stages=max(1, min(config.num_stages, steps // split)))
+
+
+def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
+  """``(label, config, steps in flight)`` of one case, the heuristic's tiles first."""
+  base = MatmulConfig.wgmma_config(shape, dtype)
+  rows = 3 * shape[0] if jnp.dtype(dtype).itemsize == 4 else shape[0]
+  steps = shape[2] // 64
+  out = [("base", base, 1), ("in_flight2", base, 2)]
+  if shape[1] % 256 == 0:
+    wide = _with_programs(dataclasses.replace(base, block_n=256), shape, dtype)
+    out += [("wg4", wide, 1), ("wg4_in_flight2", wide, 2)]
+  if rows > 128:
+    widest = _with_programs(dataclasses.replace(base, block_m=256, num_stages=4), shape, dtype)
+    out += [("bm256", widest, 1), ("bm256_in_flight2", widest, 2)]
+  for split in (base.split_k // 2, base.split_k * 2):
+    if split and steps % split == 0 and steps // split >= 2:
+      out.append((f"split{split}", dataclasses.replace(
+          base, split_k=split, num_stages=max(1, min(base.num_stages, steps // split))), 1))
+  return out
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--batches", default="1,4,16,32,128,256,1024")
+  parser.add_argument("--shapes", default="4096x4096,8192x8192")
+  parser.add_argument("--x-dtype", default="bfloat16")
+  parser.add_argument("--inner", type=int, default=3, help="calls per timed group")
+  parser.add_argument("--budget", type=float, default=300.0, help="seconds; skips the rest")
+  parser.add_argument("--out", default=None, help="JSON file")
+  args = parser.parse_args(argv)
+  if not mosaic_gpu_matmul.unsupported_reason(1, 128, 64, jnp.bfloat16) is None:
+    raise SystemExit("needs a Hopper GPU")
+  dtype = jnp.dtype(args.x_dtype)
+  shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
+  start = time.time()
+  results = {"facts": _harness.device_facts(), "rows": []}
+
+  def record(row):
+    results["rows"].append(row)
+    kernel_us = {k[:60]: round(v * 1e3 / args.inner, 2) for k, v in row.pop("kernels", {}).items()}
+    print(f"M={row['M']:<5} {row['shape']:<10} {row['label']:<16} "
+          f"{row.get('device_us', float('nan')):8.1f} us  {row.get('note', '')}  {kernel_us}",
+          flush=True)
+    row["kernels_us"] = kernel_us
+
+  for shape in shapes:
+    copies = max(args.inner, min(8, -(-2 * L2_BYTES // (shape[0] * shape[1] * 3 // 4))))
+    weights = [make_state(jax.random.key(10 + i), *shape)[:2] for i in range(copies)]
+    for m_rows in (int(m) for m in args.batches.split(",")):
+      full = (m_rows,) + shape
+      xs = [jax.random.normal(jax.random.key(100 + i), (m_rows, shape[1]), dtype)
+            for i in range(args.inner)]
+      y_ref = reference.ternary_matmul_reference(xs[0], *weights[0], C=C, out_dtype=jnp.float32)
+
+      def timed(label, call, operands, screen=True, **extra):
+        if time.time() - start > args.budget:
+          return
+        row = {"M": m_rows, "shape": f"{shape[0]}x{shape[1]}", "label": label, **extra}
+        jitted = jax.jit(lambda xs, ws: [call(x, *ws[i % len(ws)]) for i, x in enumerate(xs)])
+        try:
+          if screen:
+            y = jitted(xs, operands)[0].astype(jnp.float32)
+            err = float(jnp.abs(y - y_ref).max() / jnp.abs(y_ref).max())
+            row["relative_error"] = err
+            if not err < 1e-2:
+              row["note"] = f"EXCLUDED error {err:.2e}"
+              record(row)
+              return
+          busy = _harness.device_busy(jitted, xs, operands, calls=3)
+          row["device_us"] = busy["busy_ms"] * 1e3 / args.inner
+          row["kernels"] = busy["kernels"]
+        except Exception as e:  # pylint: disable=broad-except
+          row["note"] = f"{type(e).__name__}: {str(e)[:200]}"
+        record(row)
+
+      dense = [(reference.ternary_decode_reference(p, s, C, dtype),) for p, s in weights]
+      timed("dense", lambda x, w: jnp.dot(x, w.T, preferred_element_type=jnp.float32
+                                           ).astype(dtype), dense, screen=False)
+      del dense
+      triton = MatmulConfig.get_heuristics_config(full, dtype)
+      timed(f"triton_{triton.method}", lambda x, p, s: pallas_triton_matmul.ternary_matmul(
+          x, p, s, C=C, out_dtype=dtype, config=triton), weights)
+      for label, config, in_flight in variants(full, dtype):
+        mosaic_gpu_matmul.STEPS_IN_FLIGHT = in_flight  # read when the call is traced
+        timed(label, lambda x, p, s, config=config: pallas_triton_matmul.ternary_matmul(
+            x, p, s, C=C, out_dtype=dtype, config=config), weights,
+              config=dict(block_m=config.block_m, block_n=config.block_n,
+                          split_k=config.split_k, num_stages=config.num_stages,
+                          in_flight=in_flight))
+        mosaic_gpu_matmul.STEPS_IN_FLIGHT = 1
+  if args.out:
+    pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+  main()
