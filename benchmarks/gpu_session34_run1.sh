@@ -11,13 +11,13 @@ grep -E "FAILED|Error|assert" "$OUT/tests.log" | head -12
 timeout 270 python3 benchmarks/explore_wgmma_tiles.py --budget 240 --out "$OUT/tiles.json" \
   > "$OUT/tiles.log" 2>&1
 echo "tiles exit $?"; quiet "$OUT/tiles.log" | grep -E "^M=|Error" | cut -c1-230
-timeout 100 ncu --clock-control none -k regex:"mosaic|ternary" \
+timeout 120 ncu --clock-control none \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-  --section LaunchStats --section InstructionStats \
+  --section LaunchStats --section InstructionStats --section ComputeWorkloadAnalysis \
   python3 benchmarks/profile_matmul.py "16x4096x4096:method='wgmma'" \
   "16x4096x4096:method='wgmma',block_n=256,split_k=8" "1x8192x8192:method='wgmma'" \
   > "$OUT/ncu.txt" 2>&1
 echo "ncu exit $?"
-grep -E "^  [a-zA-Z_0-9]+.*\(|^case|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Stall|Executed Ipc" \
+grep -E "^  [a-zA-Z_0-9]+.*\(|^case|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Stall|Executed Ipc|Pipe|Utilization" \
   "$OUT/ncu.txt" | sed 's/  */ /g' | cut -c1-140 | head -80
 gzip -f "$OUT/ncu.txt"
