@@ -8,15 +8,13 @@ Each ``(M, out, in)`` case times, in device time (CUPTI) and side by side:
 * the kernel at :meth:`MatmulConfig.wgmma_config`'s tiles (``base``);
 * ``in_flight2``: a step's ``wgmma`` left in flight while the warpgroup
   decodes the next step (``mosaic_gpu_matmul.STEPS_IN_FLIGHT = 2``);
-* ``wg4``: four compute warpgroups a program (``block_n=256``), so twice the
-  warps hide the decode's latency, at the same number of programs;
 * ``bm256``: the widest batch tile from 256 rows (each program's codes
   decoded once for 256 rows instead of twice);
 * the split along ``in`` halved and doubled.
 
 Every variant is screened against the reference first. Example::
 
-  PYTHONPATH=. python3 benchmarks/explore_wgmma_tiles.py --batches 1,16,256 --budget 200
+  PYTHONPATH=. python3 benchmarks/explore_wgmma_tiles.py --cases 16x4096x4096,256x8192x8192
 """
 
 from __future__ import annotations
@@ -58,9 +56,6 @@ def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
   rows = 3 * shape[0] if jnp.dtype(dtype).itemsize == 4 else shape[0]
   steps = shape[2] // 64
   out = [("base", base, 1), ("in_flight2", base, 2)]
-  if shape[1] % 256 == 0:
-    wide = _with_programs(dataclasses.replace(base, block_n=256), shape, dtype)
-    out += [("wg4", wide, 1), ("wg4_in_flight2", wide, 2)]
   if rows > 128:
     widest = _with_programs(dataclasses.replace(base, block_m=256, num_stages=4), shape, dtype)
     out += [("bm256", widest, 1), ("bm256_in_flight2", widest, 2)]
@@ -73,8 +68,9 @@ def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--batches", default="1,4,16,32,128,256,1024")
-  parser.add_argument("--shapes", default="4096x4096,8192x8192")
+  parser.add_argument("--cases", default="16x4096x4096,256x4096x4096,1x4096x4096,"
+                      "1024x4096x4096,16x8192x8192,256x8192x8192,4x4096x4096,128x4096x4096",
+                      help="MxOUTxIN, in the order run")
   parser.add_argument("--x-dtype", default="bfloat16")
   parser.add_argument("--inner", type=int, default=3, help="calls per timed group")
   parser.add_argument("--budget", type=float, default=300.0, help="seconds; skips the rest")
@@ -83,7 +79,7 @@ def main(argv=None) -> None:
   if not mosaic_gpu_matmul.unsupported_reason(1, 128, 64, jnp.bfloat16) is None:
     raise SystemExit("needs a Hopper GPU")
   dtype = jnp.dtype(args.x_dtype)
-  shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
+  cases = [tuple(int(d) for d in case.split("x")) for case in args.cases.split(",")]
   start = time.time()
   results = {"facts": _harness.device_facts(), "rows": []}
 
@@ -95,51 +91,54 @@ def main(argv=None) -> None:
           flush=True)
     row["kernels_us"] = kernel_us
 
-  for shape in shapes:
-    copies = max(args.inner, min(8, -(-2 * L2_BYTES // (shape[0] * shape[1] * 3 // 4))))
-    weights = [make_state(jax.random.key(10 + i), *shape)[:2] for i in range(copies)]
-    for m_rows in (int(m) for m in args.batches.split(",")):
-      full = (m_rows,) + shape
-      xs = [jax.random.normal(jax.random.key(100 + i), (m_rows, shape[1]), dtype)
-            for i in range(args.inner)]
-      y_ref = reference.ternary_matmul_reference(xs[0], *weights[0], C=C, out_dtype=jnp.float32)
+  weights_by_shape = {}
+  for full in cases:
+    m_rows, shape = full[0], full[1:]
+    if shape not in weights_by_shape:
+      copies = max(args.inner, min(8, -(-2 * L2_BYTES // (shape[0] * shape[1] * 3 // 4))))
+      weights_by_shape = {shape: [make_state(jax.random.key(10 + i), *shape)[:2]
+                                  for i in range(copies)]}
+    weights = weights_by_shape[shape]
+    xs = [jax.random.normal(jax.random.key(100 + i), (m_rows, shape[1]), dtype)
+          for i in range(args.inner)]
+    y_ref = reference.ternary_matmul_reference(xs[0], *weights[0], C=C, out_dtype=jnp.float32)
 
-      def timed(label, call, operands, screen=True, **extra):
-        if time.time() - start > args.budget:
-          return
-        row = {"M": m_rows, "shape": f"{shape[0]}x{shape[1]}", "label": label, **extra}
-        jitted = jax.jit(lambda xs, ws: [call(x, *ws[i % len(ws)]) for i, x in enumerate(xs)])
-        try:
-          if screen:
-            y = jitted(xs, operands)[0].astype(jnp.float32)
-            err = float(jnp.abs(y - y_ref).max() / jnp.abs(y_ref).max())
-            row["relative_error"] = err
-            if not err < 1e-2:
-              row["note"] = f"EXCLUDED error {err:.2e}"
-              record(row)
-              return
-          busy = _harness.device_busy(jitted, xs, operands, calls=3)
-          row["device_us"] = busy["busy_ms"] * 1e3 / args.inner
-          row["kernels"] = busy["kernels"]
-        except Exception as e:  # pylint: disable=broad-except
-          row["note"] = f"{type(e).__name__}: {str(e)[:200]}"
-        record(row)
+    def timed(label, call, operands, screen=True, **extra):
+      if time.time() - start > args.budget:
+        return
+      row = {"M": m_rows, "shape": f"{shape[0]}x{shape[1]}", "label": label, **extra}
+      jitted = jax.jit(lambda xs, ws: [call(x, *ws[i % len(ws)]) for i, x in enumerate(xs)])
+      try:
+        if screen:
+          y = jitted(xs, operands)[0].astype(jnp.float32)
+          err = float(jnp.abs(y - y_ref).max() / jnp.abs(y_ref).max())
+          row["relative_error"] = err
+          if not err < 1e-2:
+            row["note"] = f"EXCLUDED error {err:.2e}"
+            record(row)
+            return
+        busy = _harness.device_busy(jitted, xs, operands, calls=3)
+        row["device_us"] = busy["busy_ms"] * 1e3 / args.inner
+        row["kernels"] = busy["kernels"]
+      except Exception as e:  # pylint: disable=broad-except
+        row["note"] = f"{type(e).__name__}: {str(e)[:200]}"
+      record(row)
 
-      dense = [(reference.ternary_decode_reference(p, s, C, dtype),) for p, s in weights]
-      timed("dense", lambda x, w: jnp.dot(x, w.T, preferred_element_type=jnp.float32
-                                           ).astype(dtype), dense, screen=False)
-      del dense
-      triton = MatmulConfig.get_heuristics_config(full, dtype)
-      timed(f"triton_{triton.method}", lambda x, p, s: pallas_triton_matmul.ternary_matmul(
-          x, p, s, C=C, out_dtype=dtype, config=triton), weights)
-      for label, config, in_flight in variants(full, dtype):
-        mosaic_gpu_matmul.STEPS_IN_FLIGHT = in_flight  # read when the call is traced
-        timed(label, lambda x, p, s, config=config: pallas_triton_matmul.ternary_matmul(
-            x, p, s, C=C, out_dtype=dtype, config=config), weights,
-              config=dict(block_m=config.block_m, block_n=config.block_n,
-                          split_k=config.split_k, num_stages=config.num_stages,
-                          in_flight=in_flight))
-        mosaic_gpu_matmul.STEPS_IN_FLIGHT = 1
+    dense = [(reference.ternary_decode_reference(p, s, C, dtype),) for p, s in weights]
+    timed("dense", lambda x, w: jnp.dot(x, w.T, preferred_element_type=jnp.float32
+                                         ).astype(dtype), dense, screen=False)
+    del dense
+    triton = MatmulConfig.get_heuristics_config(full, dtype)
+    timed(f"triton_{triton.method}", lambda x, p, s: pallas_triton_matmul.ternary_matmul(
+        x, p, s, C=C, out_dtype=dtype, config=triton), weights)
+    for label, config, in_flight in variants(full, dtype):
+      mosaic_gpu_matmul.STEPS_IN_FLIGHT = in_flight  # read when the call is traced
+      timed(label, lambda x, p, s, config=config: pallas_triton_matmul.ternary_matmul(
+          x, p, s, C=C, out_dtype=dtype, config=config), weights,
+          config=dict(block_m=config.block_m, block_n=config.block_n,
+                      split_k=config.split_k, num_stages=config.num_stages,
+                      in_flight=in_flight))
+      mosaic_gpu_matmul.STEPS_IN_FLIGHT = 1
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
 

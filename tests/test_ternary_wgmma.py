@@ -86,10 +86,10 @@ def test_kernel_lowers_for_hopper(m_rows, n_out, n_in, dtype):
   assert "mosaic_gpu" in lowered.as_text()
 
 
-# Tiles beyond the heuristic's: four warpgroups (block_n=256), the widest batch tile, and a
-# step's wgmmas left in flight while the next step is decoded (STEPS_IN_FLIGHT = 2).
-_VARIANTS = [(dict(block_n=256), 1), (dict(block_m=256, num_stages=4), 1), (dict(), 2),
-             (dict(block_n=256), 2)]
+# Tiles beyond the heuristic's: the widest batch tile, and a step's wgmmas left in flight
+# while the next step is decoded (STEPS_IN_FLIGHT = 2).
+_VARIANTS = [(dict(block_m=256, num_stages=4), 1), (dict(), 2),
+             (dict(block_m=256, num_stages=4), 2)]
 
 
 @pytest.mark.parametrize("fields,in_flight", _VARIANTS)
@@ -119,7 +119,7 @@ def test_wgmma_configs_tile_as_documented():
 
 
 @pytest.mark.parametrize("fields,match", [
-    (dict(block_n=64), r"block_n in \(128, 256\)"), (dict(block_n=512), "block_n in"),
+    (dict(block_n=64), r"block_n in \(128,\)"), (dict(block_n=256), "block_n in"),
     (dict(block_groups=32), "block_groups=16"),
     (dict(block_m=4), r"block_m must be in \[8, 256\]"),
     (dict(block_m=512), r"block_m must be in \[8, 256\]"),
@@ -155,10 +155,6 @@ def test_split_that_does_not_divide_the_steps_is_rejected(monkeypatch, rng):
   _, packed, scale = _random_layer(rng, 128, 192, 2)
   config = dataclasses.replace(MatmulConfig.wgmma_config((2, 128, 192)), split_k=2)
   with pytest.raises(ValueError, match="split_k = 2 does not divide in / 64 = 3"):
-    pallas_triton_matmul.ternary_matmul(jnp.ones((2, 192), jnp.bfloat16), packed, scale, C=2,
-                                        out_dtype=jnp.bfloat16, config=config)
-  config = dataclasses.replace(config, split_k=1, block_n=256)
-  with pytest.raises(ValueError, match="block_n = 256 does not divide out = 128"):
     pallas_triton_matmul.ternary_matmul(jnp.ones((2, 192), jnp.bfloat16), packed, scale, C=2,
                                         out_dtype=jnp.bfloat16, config=config)
 

@@ -32,12 +32,12 @@ _GEMV_MIN_OUT = 2048
 _DOT_PROGRAMS = 1024
 # The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
 _INPUT_GRAD_PROGRAMS = 256
-# "wgmma" (the Mosaic GPU kernel, Hopper): rows of W per program (a warpgroup per 64; the
-# heuristic's first), inputs per step, the widest batch tile (wgmma's N), the heuristic's
-# widest, and the split's aim: about one program a multiprocessor (fewer, longer programs
+# "wgmma" (the Mosaic GPU kernel, Hopper): rows of W per program (two warpgroups of 64; four,
+# block_n = 256, hung on an H100 in session 34), inputs per step, the widest batch tile
+# (wgmma's N), the heuristic's widest, and the split's aim: about one program a multiprocessor (fewer, longer programs
 # measured faster: MatmulConfig.wgmma_config), each slab keeping at least _WGMMA_MIN_STEPS
 # steps.
-WGMMA_BLOCK_NS = (128, 256)
+WGMMA_BLOCK_NS = (128,)
 WGMMA_BLOCK_N = WGMMA_BLOCK_NS[0]
 WGMMA_STEP = 64
 WGMMA_MAX_BLOCK_M = 256
@@ -92,8 +92,8 @@ class MatmulConfig:
       GEMM: a temporary ``out x in`` matrix, for large ``M``) or ``"wgmma"``
       (Hopper only: the Mosaic GPU kernel of
       :mod:`jaxnoise.ops.ternary.mosaic_gpu_matmul`, ``t`` decoded in
-      registers as ``wgmma``'s left operand; ``block_n`` 128 or 256 rows
-      of ``W`` (two or four warpgroups), ``block_groups = 16``, ``block_m``
+      registers as ``wgmma``'s left operand; ``block_n = 128`` rows
+      of ``W`` (two warpgroups), ``block_groups = 16``, ``block_m``
       the batch tile of 8 to 256 rows,
       ``num_stages`` its pipeline buffers, ``split_k`` slabs of ``in``; the
       other fields must keep their defaults). The input gradient runs ``"dot"`` or
