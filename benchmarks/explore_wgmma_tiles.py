@@ -8,8 +8,9 @@ Each ``(M, out, in)`` case times, in device time (CUPTI) and side by side:
 * the kernel at :meth:`MatmulConfig.wgmma_config`'s tiles (``base``);
 * ``in_flight2``: a step's ``wgmma`` left in flight while the warpgroup
   decodes the next step (``mosaic_gpu_matmul.STEPS_IN_FLIGHT = 2``);
-* ``bm256``: the widest batch tile from 256 rows (each program's codes
-  decoded once for 256 rows instead of twice);
+* ``bm256``: wgmma's widest batch tile from 256 rows (each program's codes
+  decoded once for 256 rows instead of twice; configs may not ask for it
+  until it has run on a GPU, so this script lifts ``WGMMA_MAX_BLOCK_M``);
 * the split along ``in`` halved and doubled.
 
 Every variant is screened against the reference first. Example::
@@ -34,6 +35,7 @@ from jaxnoise.ops.ternary import mosaic_gpu_matmul
 from jaxnoise.ops.ternary import pallas_triton_matmul
 from jaxnoise.ops.ternary import reference
 from jaxnoise.ops.ternary.config import MatmulConfig
+from jaxnoise.ops.ternary.config import matmul as matmul_config
 
 
 def _with_programs(config: MatmulConfig, shape, dtype, programs: int = 128) -> MatmulConfig:
@@ -79,6 +81,7 @@ def main(argv=None) -> None:
   if not mosaic_gpu_matmul.unsupported_reason(1, 128, 64, jnp.bfloat16) is None:
     raise SystemExit("needs a Hopper GPU")
   dtype = jnp.dtype(args.x_dtype)
+  matmul_config.WGMMA_MAX_BLOCK_M = 256  # the widest tiles under test (bm256)
   cases = [tuple(int(d) for d in case.split("x")) for case in args.cases.split(",")]
   start = time.time()
   results = {"facts": _harness.device_facts(), "rows": []}

@@ -86,16 +86,23 @@ def test_kernel_lowers_for_hopper(m_rows, n_out, n_in, dtype):
   assert "mosaic_gpu" in lowered.as_text()
 
 
-# Tiles beyond the heuristic's: the widest batch tile, and a step's wgmmas left in flight
-# while the next step is decoded (STEPS_IN_FLIGHT = 2).
+# Tiles beyond the heuristic's: wgmma's widest batch tile (256, which configs may not ask for
+# until it has run on a GPU), and a step's wgmmas left in flight while the next step is
+# decoded (STEPS_IN_FLIGHT = 2).
 _VARIANTS = [(dict(block_m=256, num_stages=4), 1), (dict(), 2),
              (dict(block_m=256, num_stages=4), 2)]
+
+
+def _allow_variant(monkeypatch, in_flight):
+  from jaxnoise.ops.ternary.config import matmul as matmul_config  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(matmul_config, "WGMMA_MAX_BLOCK_M", 256)
+  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
 
 
 @pytest.mark.parametrize("fields,in_flight", _VARIANTS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_kernel_variants_lower_for_hopper(monkeypatch, fields, in_flight, dtype):
-  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
+  _allow_variant(monkeypatch, in_flight)
   config = dataclasses.replace(MatmulConfig.wgmma_config((70, 512, 1024), dtype), **fields)
   fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=dtype,
                                  config=config))
@@ -121,8 +128,8 @@ def test_wgmma_configs_tile_as_documented():
 @pytest.mark.parametrize("fields,match", [
     (dict(block_n=64), r"block_n in \(128,\)"), (dict(block_n=256), "block_n in"),
     (dict(block_groups=32), "block_groups=16"),
-    (dict(block_m=4), r"block_m must be in \[8, 256\]"),
-    (dict(block_m=512), r"block_m must be in \[8, 256\]"),
+    (dict(block_m=4), r"block_m must be in \[8, 128\]"),
+    (dict(block_m=256), r"block_m must be in \[8, 128\]"),
     (dict(allow_tf32=True), "does not use allow_tf32"),
     (dict(num_warps=8, interleave_lanes=True), "does not use num_warps, interleave_lanes")])
 def test_wgmma_config_rejects_other_tiles(fields, match):
@@ -219,7 +226,7 @@ def test_compiled_kernel_variants_give_exact_products(rng, monkeypatch, fields, 
                                                       m_rows, dtype):
   """The tiles beyond the heuristic's, bit for bit against exact products (integer ``x``)."""
   _needs_hopper()
-  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
+  _allow_variant(monkeypatch, in_flight)
   codes, packed, scale = _random_layer(rng, 512, 1536, 3)
   x_int = rng.integers(-4, 5, (m_rows, 1536))
   config = dataclasses.replace(MatmulConfig.wgmma_config((m_rows, 512, 1536), dtype), **fields)

@@ -34,14 +34,16 @@ _DOT_PROGRAMS = 1024
 _INPUT_GRAD_PROGRAMS = 256
 # "wgmma" (the Mosaic GPU kernel, Hopper): rows of W per program (two warpgroups of 64; four,
 # block_n = 256, hung on an H100 in session 34), inputs per step, the widest batch tile
-# (wgmma's N), the heuristic's widest, and the split's aim: about one program a multiprocessor (fewer, longer programs
+# (wgmma's N) and the split's aim: about one program a multiprocessor (fewer, longer programs
 # measured faster: MatmulConfig.wgmma_config), each slab keeping at least _WGMMA_MIN_STEPS
-# steps.
+# steps. The kernel itself takes batch tiles up to wgmma's 256 (they lower for CUDA), but
+# tiles over 128 have not run on a GPU yet (benchmarks/gpu_session34_run2.sh, which runs them,
+# found no machine): until then a config may not ask for them.
 WGMMA_BLOCK_NS = (128,)
 WGMMA_BLOCK_N = WGMMA_BLOCK_NS[0]
 WGMMA_STEP = 64
-WGMMA_MAX_BLOCK_M = 256
-_WGMMA_HEURISTIC_MAX_BLOCK_M = 128
+WGMMA_MAX_BLOCK_M = 128
+_WGMMA_HEURISTIC_MAX_BLOCK_M = 128  # the heuristic's widest batch tile
 _WGMMA_PROGRAMS = 128
 _WGMMA_MIN_STEPS = 8
 # Fields of MatmulConfig that the "wgmma" kernel does not read (they must keep their defaults).
@@ -94,7 +96,7 @@ class MatmulConfig:
       :mod:`jaxnoise.ops.ternary.mosaic_gpu_matmul`, ``t`` decoded in
       registers as ``wgmma``'s left operand; ``block_n = 128`` rows
       of ``W`` (two warpgroups), ``block_groups = 16``, ``block_m``
-      the batch tile of 8 to 256 rows,
+      the batch tile of 8 to 128 rows,
       ``num_stages`` its pipeline buffers, ``split_k`` slabs of ``in``; the
       other fields must keep their defaults). The input gradient runs ``"dot"`` or
       ``"decode"`` (an ``"fma"`` or ``"wgmma"`` config there means its
