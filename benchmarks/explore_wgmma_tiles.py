@@ -21,6 +21,7 @@ Every variant is screened against the reference first. Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -52,6 +53,18 @@ def _with_programs(config: MatmulConfig, shape, dtype, programs: int = 128) -> M
                              num_stages=max(1, min(config.num_stages, steps // split)))
 
 
+@contextlib.contextmanager
+def widest_tiles_allowed():
+  """Configs may ask for wgmma's 256-row batch tile while inside (the library refuses it
+  until it has run on a GPU)."""
+  saved = matmul_config.WGMMA_MAX_BLOCK_M
+  matmul_config.WGMMA_MAX_BLOCK_M = 256
+  try:
+    yield
+  finally:
+    matmul_config.WGMMA_MAX_BLOCK_M = saved
+
+
 def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
   """``(label, config, steps in flight)`` of one case, the heuristic's tiles first."""
   base = MatmulConfig.wgmma_config(shape, dtype)
@@ -59,7 +72,9 @@ def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
   steps = shape[2] // 64
   out = [("base", base, 1), ("in_flight2", base, 2)]
   if rows > 128:
-    widest = _with_programs(dataclasses.replace(base, block_m=256, num_stages=4), shape, dtype)
+    with widest_tiles_allowed():
+      widest = _with_programs(dataclasses.replace(base, block_m=256, num_stages=4), shape,
+                              dtype)
     out += [("bm256", widest, 1), ("bm256_in_flight2", widest, 2)]
   for split in (base.split_k // 2, base.split_k * 2):
     if split and steps % split == 0 and steps // split >= 2:
@@ -78,10 +93,15 @@ def main(argv=None) -> None:
   parser.add_argument("--budget", type=float, default=300.0, help="seconds; skips the rest")
   parser.add_argument("--out", default=None, help="JSON file")
   args = parser.parse_args(argv)
-  if not mosaic_gpu_matmul.unsupported_reason(1, 128, 64, jnp.bfloat16) is None:
+  if mosaic_gpu_matmul.unsupported_reason(1, 128, 64, jnp.bfloat16) is not None:
     raise SystemExit("needs a Hopper GPU")
+  with widest_tiles_allowed():  # the 256-row tiles under test (bm256)
+    explore(args)
+
+
+def explore(args) -> None:
+  """Times every case's variants (``main``'s arguments)."""
   dtype = jnp.dtype(args.x_dtype)
-  matmul_config.WGMMA_MAX_BLOCK_M = 256  # the widest tiles under test (bm256)
   cases = [tuple(int(d) for d in case.split("x")) for case in args.cases.split(",")]
   start = time.time()
   results = {"facts": _harness.device_facts(), "rows": []}

@@ -356,3 +356,41 @@ def test_offline_ptx_captures_the_fused_operands_kernel():
   ttir = module.capture_ttir(fn, *shapes)
   assert "tt.func" in ttir and "tt.reduce" in ttir
   assert elements == 4 * config.block_reduce
+
+
+def test_offline_wgmma_ternary_sass_lowers_refused_tiles_and_reads_the_main_loop():
+  """offline_wgmma_ternary_sass.py lowers tiles the config check refuses (four warpgroups,
+  256-row batch tiles) without leaving them allowed, and counts a main loop's opcodes."""
+  from jaxnoise.ops.ternary import mosaic_gpu_matmul  # pylint: disable=g-import-not-at-top
+  from jaxnoise.ops.ternary.config import matmul as matmul_config  # pylint: disable=g-import-not-at-top
+  module = _benchmark_module("offline_wgmma_ternary_sass")
+  for case in ("16x512x1024:block_n=256,split_k=2", "300x256x512:block_m=256,in_flight=2"):
+    assert "mosaic_gpu" in module.lower(case)
+  assert (matmul_config.WGMMA_BLOCK_NS, matmul_config.WGMMA_MAX_BLOCK_M) == ((128,), 128)
+  assert mosaic_gpu_matmul.STEPS_IN_FLIGHT == 1
+  sass = "\n".join([
+      "        /*0010*/                   MOV R1, c[0x0][0x28] ;",
+      ".L_x_7:",
+      "        /*0020*/                   LOP3.LUT R5, R8, 0x3f, R5, 0xf8, !PT ;",
+      "        /*0030*/              @!P0 BRA `(.L_x_9) ;",
+      "        /*0040*/                   IMAD.SHL.U32 R5, R10, 0x400, RZ ;",
+      "        /*0050*/                   HGMMA.64x16x16.F32.BF16 R24, R32, gdesc[UR16], R24 ;",
+      "        /*0060*/               @P0 BRA `(.L_x_7) ;",
+      "        /*0070*/                   EXIT ;"])
+  assert module.main_loop_opcodes(sass) == {"LOP3": 1, "BRA": 2, "IMAD": 1, "HGMMA": 1}
+
+
+def test_wgmma_tile_exploration_lists_its_variants():
+  """explore_wgmma_tiles.py: the heuristic's tiles first, the 256-row tile only past 128 rows
+  (at the same number of programs), splits that divide the steps."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  module = _benchmark_module("explore_wgmma_tiles")
+  small = module.variants((16, 4096, 4096), jnp.bfloat16)
+  assert [label for label, _, _ in small] == ["base", "in_flight2", "split2", "split8"]
+  assert small[0][1] == module.MatmulConfig.wgmma_config((16, 4096, 4096)) and small[1][2] == 2
+  large = {label: config for label, config, _ in module.variants((256, 4096, 4096),
+                                                                 jnp.bfloat16)}
+  assert (large["bm256"].block_m, large["bm256"].split_k) == (256, 4)
+  assert (large["base"].block_m, large["base"].split_k) == (128, 2)
+  for label, config, _ in module.variants((3, 1024, 192), jnp.float32):
+    assert (192 // 64) % config.split_k == 0, label
