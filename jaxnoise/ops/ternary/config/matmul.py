@@ -32,15 +32,17 @@ _GEMV_MIN_OUT = 2048
 _DOT_PROGRAMS = 1024
 # The input gradient's small-M dot tiles: programs along (rows, inputs, out slabs).
 _INPUT_GRAD_PROGRAMS = 256
-# "wgmma" (the Mosaic GPU kernel, Hopper): rows of W per program (two warpgroups of 64; four,
-# block_n = 256, hung on an H100 in session 34: at 640 threads ptxas gives 96 registers, and
-# the memory warpgroup's hand-over to 40 frees fewer than Pallas' compute warpgroups ask for
-# to reach 112, so their setmaxnreg.inc most likely never returns), inputs per step, the
-# widest batch tile (wgmma's N) and the split's aim: about one program a multiprocessor (fewer, longer programs
-# measured faster: MatmulConfig.wgmma_config), each slab keeping at least _WGMMA_MIN_STEPS
-# steps. The kernel itself takes batch tiles up to wgmma's 256 (they lower for CUDA), but
-# tiles over 128 have not run on a GPU yet (benchmarks/gpu_session34_run2.sh, which runs them,
-# found no machine): until then a config may not ask for them.
+# "wgmma" (the Mosaic GPU kernel, Hopper): rows of W per program, inputs per step, the widest
+# batch tile (wgmma's N) and the split's aim: about one program a multiprocessor (fewer,
+# longer programs measured faster: MatmulConfig.wgmma_config), each slab keeping at least
+# _WGMMA_MIN_STEPS steps.
+# * Two compute warpgroups of 64 rows. Four (block_n = 256) hung on an H100 in session 34: at
+#   640 threads ptxas gives 96 registers, and the memory warpgroup's hand-over to 40 frees
+#   fewer than Pallas' compute warpgroups ask for to reach 112, so their setmaxnreg.inc most
+#   likely never returns.
+# * The kernel takes batch tiles up to wgmma's 256 (they lower and compile for CUDA), but
+#   tiles over 128 have not run on a GPU yet (benchmarks/gpu_session34_run2.sh runs them):
+#   until then a config may not ask for them.
 WGMMA_BLOCK_NS = (128,)
 WGMMA_BLOCK_N = WGMMA_BLOCK_NS[0]
 WGMMA_STEP = 64
