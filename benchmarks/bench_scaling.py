@@ -129,6 +129,17 @@ def _launch(args, argv):
   return max(abs(c) for c in codes)
 
 
+def with_host_devices(flags: str, count: int) -> str:
+  """``flags`` with ``count`` CPU devices asked for, unless they already ask for a number.
+
+  Other flags are kept (``--quick`` on a machine whose ``XLA_FLAGS`` sets, say, a dump
+  directory still gets its two devices).
+  """
+  if "xla_force_host_platform_device_count" in flags:
+    return flags
+  return f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
 def main(argv=None):
   argv = list(sys.argv[1:] if argv is None else argv)
   n_in_run = None
@@ -140,7 +151,7 @@ def main(argv=None):
   if args.processes and args.coordinator is None:
     sys.exit(_launch(args, argv))
   if args.quick and args.coordinator is None:
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 2)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jaxnoise.parallel as parallel  # pylint: disable=g-import-not-at-top
   if args.coordinator is not None:

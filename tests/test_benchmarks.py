@@ -89,6 +89,15 @@ def test_scaling_benchmark_quick(tmp_path):
   assert "fsdp_eval devices=2" in cases and "lm rank=1 pop=8 devices=2" in cases, cases
 
 
+def test_scaling_quick_mode_adds_host_devices_to_other_xla_flags():
+  module = _benchmark_module("bench_scaling")
+  assert module.with_host_devices("", 2) == "--xla_force_host_platform_device_count=2"
+  assert module.with_host_devices("--xla_dump_to=/tmp/d", 2) == (
+      "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=2")
+  kept = "--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/d"
+  assert module.with_host_devices(kept, 2) == kept
+
+
 def test_scaling_benchmark_deep_models_quick(tmp_path):
   """Sizes from XLA's memory analysis (of a pretend 256 KiB device), FSDP runs."""
   _run(tmp_path, "bench_scaling.py", "--quick", "--cases", "deep")
