@@ -3,14 +3,16 @@
 Session 34's question: where does ``MatmulConfig(method="wgmma")`` lose time?
 Each ``(M, out, in)`` case times, in device time (CUPTI) and side by side:
 
-* a dense matmul in ``x``'s dtype (the target's reference) and the Triton
-  heuristic (what the library ran before the kernel);
-* the kernel at :meth:`MatmulConfig.wgmma_config`'s tiles (``base``);
-* ``in_flight2``: a step's ``wgmma`` left in flight while the warpgroup
-  decodes the next step (``mosaic_gpu_matmul.STEPS_IN_FLIGHT = 2``);
-* ``bm256``: wgmma's widest batch tile from 256 rows (each program's codes
-  decoded once for 256 rows instead of twice; configs may not ask for it
-  until it has run on a GPU, so this script lifts ``WGMMA_MAX_BLOCK_M``);
+* a dense matmul in ``x``'s dtype (the target's reference) and the heuristic
+  among the Triton paths alone (what the library ran before the kernel);
+* the kernel at :meth:`MatmulConfig.wgmma_config`'s tiles with the default
+  steps in flight (``base``);
+* ``in_flight1`` (or ``in_flight2``): the other number of steps whose
+  ``wgmma`` stays in flight while the warpgroup decodes the next step
+  (``mosaic_gpu_matmul.STEPS_IN_FLIGHT``; 2 since session 35);
+* from 129 rows, ``bm128`` (or ``bm256``): the other of the two widest batch
+  tiles at the same number of programs (the heuristic takes 256 since
+  session 35: each program's codes decoded once for 256 rows, not twice);
 * the split along ``in`` halved and doubled.
 
 Every variant is screened against the reference first. Example::
@@ -65,17 +67,29 @@ def widest_tiles_allowed():
     matmul_config.WGMMA_MAX_BLOCK_M = saved
 
 
+def triton_heuristics_config(shape, dtype) -> MatmulConfig:
+  """The heuristic's config among the Triton paths alone (``WGMMA_DEFAULT_ROWS`` off)."""
+  saved = matmul_config.WGMMA_DEFAULT_ROWS
+  matmul_config.WGMMA_DEFAULT_ROWS = None
+  try:
+    return MatmulConfig.get_heuristics_config(shape, dtype)
+  finally:
+    matmul_config.WGMMA_DEFAULT_ROWS = saved
+
+
 def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
   """``(label, config, steps in flight)`` of one case, the heuristic's tiles first."""
   base = MatmulConfig.wgmma_config(shape, dtype)
   rows = 3 * shape[0] if jnp.dtype(dtype).itemsize == 4 else shape[0]
   steps = shape[2] // 64
-  out = [("base", base, 1), ("in_flight2", base, 2)]
-  if rows > 128:
+  in_flight = mosaic_gpu_matmul.STEPS_IN_FLIGHT  # the default (1 or 2)
+  out = [("base", base, in_flight), (f"in_flight{3 - in_flight}", base, 3 - in_flight)]
+  if rows > 128:  # the other of the two widest batch tiles, at the same number of programs
+    other = 128 if base.block_m == 256 else 256
     with widest_tiles_allowed():
-      widest = _with_programs(dataclasses.replace(base, block_m=256, num_stages=4), shape,
-                              dtype)
-    out += [("bm256", widest, 1), ("bm256_in_flight2", widest, 2)]
+      tiles = _with_programs(dataclasses.replace(base, block_m=other, num_stages=4), shape,
+                             dtype)
+    out.append((f"bm{other}", tiles, in_flight))
   for split in (base.split_k // 2, base.split_k * 2):
     if split and steps % split == 0 and steps // split >= 2:
       out.append((f"split{split}", dataclasses.replace(
@@ -102,6 +116,7 @@ def main(argv=None) -> None:
 def explore(args) -> None:
   """Times every case's variants (``main``'s arguments)."""
   dtype = jnp.dtype(args.x_dtype)
+  default_in_flight = mosaic_gpu_matmul.STEPS_IN_FLIGHT
   cases = [tuple(int(d) for d in case.split("x")) for case in args.cases.split(",")]
   start = time.time()
   results = {"facts": _harness.device_facts(), "rows": []}
@@ -151,7 +166,7 @@ def explore(args) -> None:
     timed("dense", lambda x, w: jnp.dot(x, w.T, preferred_element_type=jnp.float32
                                          ).astype(dtype), dense, screen=False)
     del dense
-    triton = MatmulConfig.get_heuristics_config(full, dtype)
+    triton = triton_heuristics_config(full, dtype)
     timed(f"triton_{triton.method}", lambda x, p, s: pallas_triton_matmul.ternary_matmul(
         x, p, s, C=C, out_dtype=dtype, config=triton), weights)
     for label, config, in_flight in variants(full, dtype):
@@ -161,7 +176,7 @@ def explore(args) -> None:
           config=dict(block_m=config.block_m, block_n=config.block_n,
                       split_k=config.split_k, num_stages=config.num_stages,
                       in_flight=in_flight))
-      mosaic_gpu_matmul.STEPS_IN_FLIGHT = 1
+      mosaic_gpu_matmul.STEPS_IN_FLIGHT = default_in_flight
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
 

@@ -42,10 +42,11 @@ def parse_case(spec: str) -> tuple[tuple[int, int, int], dict]:
 
 
 def main(specs):
+  default_in_flight = mosaic_gpu_matmul.STEPS_IN_FLIGHT
   for spec in specs or DEFAULT_CASES:
     (m_rows, out_features, in_features), overrides = parse_case(spec)
     shape = (m_rows, out_features, in_features)
-    mosaic_gpu_matmul.STEPS_IN_FLIGHT = int(overrides.pop("in_flight", 1))
+    mosaic_gpu_matmul.STEPS_IN_FLIGHT = int(overrides.pop("in_flight", default_in_flight))
     base = (MatmulConfig.wgmma_config(shape) if overrides.get("method") == "wgmma"
             else MatmulConfig.get_heuristics_config(shape, jnp.bfloat16))
     config = dataclasses.replace(base, **overrides)

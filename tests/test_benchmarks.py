@@ -375,8 +375,8 @@ def test_offline_wgmma_ternary_sass_lowers_refused_tiles_and_reads_the_main_loop
   module = _benchmark_module("offline_wgmma_ternary_sass")
   for case in ("16x512x1024:block_n=256,split_k=2", "300x256x512:block_m=256,in_flight=2"):
     assert "mosaic_gpu" in module.lower(case)
-  assert (matmul_config.WGMMA_BLOCK_NS, matmul_config.WGMMA_MAX_BLOCK_M) == ((128,), 128)
-  assert mosaic_gpu_matmul.STEPS_IN_FLIGHT == 1
+  assert (matmul_config.WGMMA_BLOCK_NS, matmul_config.WGMMA_MAX_BLOCK_M) == ((128,), 256)
+  assert mosaic_gpu_matmul.STEPS_IN_FLIGHT == 2
   sass = "\n".join([
       "        /*0010*/                   MOV R1, c[0x0][0x28] ;",
       ".L_x_7:",
@@ -390,16 +390,19 @@ def test_offline_wgmma_ternary_sass_lowers_refused_tiles_and_reads_the_main_loop
 
 
 def test_wgmma_tile_exploration_lists_its_variants():
-  """explore_wgmma_tiles.py: the heuristic's tiles first, the 256-row tile only past 128 rows
-  (at the same number of programs), splits that divide the steps."""
+  """explore_wgmma_tiles.py: the heuristic's tiles first, the other batch tile only past 128
+  rows (at the same number of programs), splits that divide the steps; the Triton baseline
+  is the heuristic without the kernel."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   module = _benchmark_module("explore_wgmma_tiles")
   small = module.variants((16, 4096, 4096), jnp.bfloat16)
-  assert [label for label, _, _ in small] == ["base", "in_flight2", "split2", "split8"]
-  assert small[0][1] == module.MatmulConfig.wgmma_config((16, 4096, 4096)) and small[1][2] == 2
+  assert [label for label, _, _ in small] == ["base", "in_flight1", "split2", "split8"]
+  assert small[0][1] == module.MatmulConfig.wgmma_config((16, 4096, 4096))
+  assert (small[0][2], small[1][2]) == (2, 1)
   large = {label: config for label, config, _ in module.variants((256, 4096, 4096),
                                                                  jnp.bfloat16)}
-  assert (large["bm256"].block_m, large["bm256"].split_k) == (256, 4)
-  assert (large["base"].block_m, large["base"].split_k) == (128, 2)
+  assert (large["base"].block_m, large["base"].split_k) == (256, 4)
+  assert (large["bm128"].block_m, large["bm128"].split_k) == (128, 2)
+  assert module.triton_heuristics_config((256, 4096, 4096), jnp.bfloat16).method != "wgmma"
   for label, config, _ in module.variants((3, 1024, 192), jnp.float32):
     assert (192 // 64) % config.split_k == 0, label

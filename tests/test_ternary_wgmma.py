@@ -116,8 +116,10 @@ def test_wgmma_configs_tile_as_documented():
   assert (config.method, config.block_m, config.block_n, config.split_k) == ("wgmma", 8, 128, 4)
   assert MatmulConfig.wgmma_config((4, 8192, 8192)).split_k == 2
   assert MatmulConfig.wgmma_config((1024, 8192, 8192)).split_k == 1
-  # float32 x: its three bfloat16 pieces are the batch (3 * 50 rows -> tiles of 128).
-  assert MatmulConfig.wgmma_config((50, 1024, 1024), jnp.float32).block_m == 128
+  # float32 x: its three bfloat16 pieces are the batch (3 * 40 rows -> a tile of 128, 3 * 50
+  # -> one of 256).
+  assert MatmulConfig.wgmma_config((40, 1024, 1024), jnp.float32).block_m == 128
+  assert MatmulConfig.wgmma_config((50, 1024, 1024), jnp.float32).block_m == 256
   # Each slab keeps >= 8 steps of 64 inputs: in = 512 is never split.
   assert MatmulConfig.wgmma_config((1, 128, 512)).split_k == 1
   for m_rows in (1, 3, 64, 1000):
@@ -128,8 +130,8 @@ def test_wgmma_configs_tile_as_documented():
 @pytest.mark.parametrize("fields,match", [
     (dict(block_n=64), r"block_n in \(128,\)"), (dict(block_n=256), "block_n in"),
     (dict(block_groups=32), "block_groups=16"),
-    (dict(block_m=4), r"block_m must be in \[8, 128\]"),
-    (dict(block_m=256), r"block_m must be in \[8, 128\]"),
+    (dict(block_m=4), r"block_m must be in \[8, 256\]"),
+    (dict(block_m=512), r"block_m must be in \[8, 256\]"),
     (dict(allow_tf32=True), "does not use allow_tf32"),
     (dict(num_warps=8, interleave_lanes=True), "does not use num_warps, interleave_lanes")])
 def test_wgmma_config_rejects_other_tiles(fields, match):
@@ -170,9 +172,9 @@ def test_heuristic_takes_wgmma_where_it_runs_and_measured_faster(monkeypatch):
   from jaxnoise.ops.ternary.config import matmul as matmul_config  # pylint: disable=g-import-not-at-top
   heuristic = MatmulConfig.get_heuristics_config
   method = lambda m_rows, dtype, **kw: heuristic((m_rows, 4096, 4096), dtype, **kw).method
-  # The measured ranges: 16-bit x at 32-128 rows, float32 at 4-32.
-  for dtype, inside, outside in [(jnp.bfloat16, (32, 100, 128), (1, 16, 31, 129, 1024)),
-                                 (jnp.float16, (32, 128), (8, 256)),
+  # The measured ranges: 16-bit x at 16-256 rows, float32 at 4-32.
+  for dtype, inside, outside in [(jnp.bfloat16, (16, 32, 100, 129, 256), (1, 8, 15, 257, 1024)),
+                                 (jnp.float16, (16, 256), (8, 512)),
                                  (jnp.float32, (4, 32), (1, 3, 33))]:
     assert all(method(m, dtype, wgmma=True) == "wgmma" for m in inside), dtype
     assert all(method(m, dtype, wgmma=True) != "wgmma" for m in outside), dtype

@@ -40,14 +40,14 @@ _INPUT_GRAD_PROGRAMS = 256
 #   640 threads ptxas gives 96 registers, and the memory warpgroup's hand-over to 40 frees
 #   fewer than Pallas' compute warpgroups ask for to reach 112, so their setmaxnreg.inc most
 #   likely never returns.
-# * The kernel takes batch tiles up to wgmma's 256 (they lower and compile for CUDA), but
-#   tiles over 128 have not run on a GPU yet (benchmarks/gpu_session34_run2.sh runs them):
-#   until then a config may not ask for them.
+# * Batch tiles up to wgmma's 256 rows. Session 35 (H100, bf16, device us, with a step in
+#   flight): 256-row tiles against 128 at the same number of programs, 4096^2 M=256 28.0
+#   against 27.7, M=1024 66.4 against 85.8; 8192^2 M=256 66.9 against 78.3.
 WGMMA_BLOCK_NS = (128,)
 WGMMA_BLOCK_N = WGMMA_BLOCK_NS[0]
 WGMMA_STEP = 64
-WGMMA_MAX_BLOCK_M = 128
-_WGMMA_HEURISTIC_MAX_BLOCK_M = 128  # the heuristic's widest batch tile
+WGMMA_MAX_BLOCK_M = 256
+_WGMMA_HEURISTIC_MAX_BLOCK_M = 256  # the heuristic's widest batch tile
 _WGMMA_PROGRAMS = 128
 _WGMMA_MIN_STEPS = 8
 # Fields of MatmulConfig that the "wgmma" kernel does not read (they must keep their defaults).
@@ -58,8 +58,12 @@ _WGMMA_UNUSED_FIELDS = ("num_warps", "allow_tf32", "word_loads", "x_vector_loads
 # Rows of x (inclusive ranges, by x's itemsize) for which the heuristic takes the "wgmma"
 # kernel where it can run: where it measured faster than the Triton paths
 # (MatmulConfig.get_heuristics_config). Outside them, or with None, it is opt-in
-# (MatmulConfig.wgmma_config).
-WGMMA_DEFAULT_ROWS: dict[int, tuple[int, int]] | None = {2: (32, 128), 4: (4, 32)}
+# (MatmulConfig.wgmma_config). 16-bit x (H100, device us, 4096^2 / 8192^2): session 33 at
+# 32-128 rows; session 35 at 16 rows 12.2 / 32.2 against the Triton dot tiles' 13.4 / 40.1,
+# and at 256 rows 28.0 / 66.9 against decode-then-matmul's 34.8 / 128.5. At 1024 rows
+# decode-then-matmul stays (62.3 against 66.4 at 4096^2); at 4 rows the Triton tiles
+# (session 33: 13.2 / 38.5 against 16.8 / 41.2).
+WGMMA_DEFAULT_ROWS: dict[int, tuple[int, int]] | None = {2: (16, 256), 4: (4, 32)}
 
 
 def _prefers_wgmma(m_rows: int, itemsize: int) -> bool:
@@ -207,7 +211,7 @@ class MatmulConfig:
     ``out % 128 == 0``, ``in % 64 == 0``:
     :func:`jaxnoise.ops.ternary.mosaic_gpu_matmul.unsupported_reason`); it is
     then taken for the rows in :data:`WGMMA_DEFAULT_ROWS` (:meth:`wgmma_config`),
-    16-bit ``x`` at 32-128 rows and float32 ``x`` at 4-32, and the Triton
+    16-bit ``x`` at 16-256 rows and float32 ``x`` at 4-32, and the Triton
     paths below elsewhere. Session 33 (H100, jax 0.11.2, device time,
     4096^2 / 8192^2; ``benchmarks/RESULTS.md``), the kernel against this
     method's Triton choice:
@@ -315,7 +319,7 @@ class MatmulConfig:
       (8, 4, 8)
       >>> config = MatmulConfig.wgmma_config((256, 8192, 8192))
       >>> config.block_m, config.split_k, config.num_stages
-      (128, 1, 4)
+      (256, 2, 4)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     rows = 3 * m_rows if jnp.dtype(dtype).itemsize >= 4 else m_rows
