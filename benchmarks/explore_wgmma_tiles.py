@@ -23,7 +23,6 @@ Every variant is screened against the reference first. Example::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import pathlib
@@ -55,18 +54,6 @@ def _with_programs(config: MatmulConfig, shape, dtype, programs: int = 128) -> M
                              num_stages=max(1, min(config.num_stages, steps // split)))
 
 
-@contextlib.contextmanager
-def widest_tiles_allowed():
-  """Configs may ask for wgmma's 256-row batch tile while inside (the library refuses it
-  until it has run on a GPU)."""
-  saved = matmul_config.WGMMA_MAX_BLOCK_M
-  matmul_config.WGMMA_MAX_BLOCK_M = 256
-  try:
-    yield
-  finally:
-    matmul_config.WGMMA_MAX_BLOCK_M = saved
-
-
 def triton_heuristics_config(shape, dtype) -> MatmulConfig:
   """The heuristic's config among the Triton paths alone (``WGMMA_DEFAULT_ROWS`` off)."""
   saved = matmul_config.WGMMA_DEFAULT_ROWS
@@ -86,9 +73,7 @@ def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
   out = [("base", base, in_flight), (f"in_flight{3 - in_flight}", base, 3 - in_flight)]
   if rows > 128:  # the other of the two widest batch tiles, at the same number of programs
     other = 128 if base.block_m == 256 else 256
-    with widest_tiles_allowed():
-      tiles = _with_programs(dataclasses.replace(base, block_m=other, num_stages=4), shape,
-                             dtype)
+    tiles = _with_programs(dataclasses.replace(base, block_m=other, num_stages=4), shape, dtype)
     out.append((f"bm{other}", tiles, in_flight))
   for split in (base.split_k // 2, base.split_k * 2):
     if split and steps % split == 0 and steps // split >= 2:
@@ -109,8 +94,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   if mosaic_gpu_matmul.unsupported_reason(1, 128, 64, jnp.bfloat16) is not None:
     raise SystemExit("needs a Hopper GPU")
-  with widest_tiles_allowed():  # the 256-row tiles under test (bm256)
-    explore(args)
+  explore(args)
 
 
 def explore(args) -> None:

@@ -53,7 +53,7 @@ def lower(case: str) -> str:
   saved = (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS,
            matmul_config.WGMMA_MAX_BLOCK_M)
   try:  # the tiles the config check refuses are let through while this case lowers
-    mosaic_gpu_matmul.STEPS_IN_FLIGHT = overrides.pop("in_flight", 1)
+    mosaic_gpu_matmul.STEPS_IN_FLIGHT = overrides.pop("in_flight", saved[0])
     matmul_config.WGMMA_BLOCK_NS, matmul_config.WGMMA_MAX_BLOCK_M = (128, 256), 256
     config = dataclasses.replace(
         matmul_config.MatmulConfig.wgmma_config((m_rows, n_out, n_in)), **overrides)

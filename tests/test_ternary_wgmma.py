@@ -86,16 +86,14 @@ def test_kernel_lowers_for_hopper(m_rows, n_out, n_in, dtype):
   assert "mosaic_gpu" in lowered.as_text()
 
 
-# Tiles beyond the heuristic's: wgmma's widest batch tile (256, which configs may not ask for
-# until it has run on a GPU), and a step's wgmmas left in flight while the next step is
-# decoded (STEPS_IN_FLIGHT = 2).
-_VARIANTS = [(dict(block_m=256, num_stages=4), 1), (dict(), 2),
+# Tiles beside the heuristic's: wgmma's widest batch tile (256) at any number of rows, and
+# each step waiting for its own wgmma (STEPS_IN_FLIGHT = 1) or a step's wgmmas left in flight
+# while the next step is decoded (2, the default).
+_VARIANTS = [(dict(block_m=256, num_stages=4), 1), (dict(), 1),
              (dict(block_m=256, num_stages=4), 2)]
 
 
 def _allow_variant(monkeypatch, in_flight):
-  from jaxnoise.ops.ternary.config import matmul as matmul_config  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(matmul_config, "WGMMA_MAX_BLOCK_M", 256)
   monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
 
 
