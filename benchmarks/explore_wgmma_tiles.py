@@ -37,7 +37,6 @@ from jaxnoise.ops.ternary import mosaic_gpu_matmul
 from jaxnoise.ops.ternary import pallas_triton_matmul
 from jaxnoise.ops.ternary import reference
 from jaxnoise.ops.ternary.config import MatmulConfig
-from jaxnoise.ops.ternary.config import matmul as matmul_config
 
 
 def _with_programs(config: MatmulConfig, shape, dtype, programs: int = 128) -> MatmulConfig:
@@ -52,16 +51,6 @@ def _with_programs(config: MatmulConfig, shape, dtype, programs: int = 128) -> M
     split *= 2
   return dataclasses.replace(config, split_k=split,
                              num_stages=max(1, min(config.num_stages, steps // split)))
-
-
-def triton_heuristics_config(shape, dtype) -> MatmulConfig:
-  """The heuristic's config among the Triton paths alone (``WGMMA_DEFAULT_ROWS`` off)."""
-  saved = matmul_config.WGMMA_DEFAULT_ROWS
-  matmul_config.WGMMA_DEFAULT_ROWS = None
-  try:
-    return MatmulConfig.get_heuristics_config(shape, dtype)
-  finally:
-    matmul_config.WGMMA_DEFAULT_ROWS = saved
 
 
 def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
@@ -150,7 +139,7 @@ def explore(args) -> None:
     timed("dense", lambda x, w: jnp.dot(x, w.T, preferred_element_type=jnp.float32
                                          ).astype(dtype), dense, screen=False)
     del dense
-    triton = triton_heuristics_config(full, dtype)
+    triton = MatmulConfig.get_heuristics_config(full, dtype, wgmma=False)  # Triton paths only
     timed(f"triton_{triton.method}", lambda x, p, s: pallas_triton_matmul.ternary_matmul(
         x, p, s, C=C, out_dtype=dtype, config=triton), weights)
     for label, config, in_flight in variants(full, dtype):

@@ -50,11 +50,10 @@ def lower(case: str) -> str:
   m_rows, n_out, n_in = (int(d) for d in dims.split("x"))
   overrides = {name: int(value) for name, _, value in
                (field.partition("=") for field in filter(None, fields.split(",")))}
-  saved = (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS,
-           matmul_config.WGMMA_MAX_BLOCK_M)
+  saved = (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS)
   try:  # the tiles the config check refuses are let through while this case lowers
     mosaic_gpu_matmul.STEPS_IN_FLIGHT = overrides.pop("in_flight", saved[0])
-    matmul_config.WGMMA_BLOCK_NS, matmul_config.WGMMA_MAX_BLOCK_M = (128, 256), 256
+    matmul_config.WGMMA_BLOCK_NS = (128, 256)
     config = dataclasses.replace(
         matmul_config.MatmulConfig.wgmma_config((m_rows, n_out, n_in)), **overrides)
     fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=11,
@@ -64,8 +63,7 @@ def lower(case: str) -> str:
              jax.ShapeDtypeStruct((n_out,), jnp.float32))
     return fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
   finally:
-    (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS,
-     matmul_config.WGMMA_MAX_BLOCK_M) = saved
+    mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS = saved
 
 
 def main_loop_opcodes(sass: str) -> collections.Counter:

@@ -93,14 +93,10 @@ _VARIANTS = [(dict(block_m=256, num_stages=4), 1), (dict(), 1),
              (dict(block_m=256, num_stages=4), 2)]
 
 
-def _allow_variant(monkeypatch, in_flight):
-  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
-
-
 @pytest.mark.parametrize("fields,in_flight", _VARIANTS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_kernel_variants_lower_for_hopper(monkeypatch, fields, in_flight, dtype):
-  _allow_variant(monkeypatch, in_flight)
+  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
   config = dataclasses.replace(MatmulConfig.wgmma_config((70, 512, 1024), dtype), **fields)
   fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=dtype,
                                  config=config))
@@ -226,7 +222,7 @@ def test_compiled_kernel_variants_give_exact_products(rng, monkeypatch, fields, 
                                                       m_rows, dtype):
   """The tiles beyond the heuristic's, bit for bit against exact products (integer ``x``)."""
   _needs_hopper()
-  _allow_variant(monkeypatch, in_flight)
+  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
   codes, packed, scale = _random_layer(rng, 512, 1536, 3)
   x_int = rng.integers(-4, 5, (m_rows, 1536))
   config = dataclasses.replace(MatmulConfig.wgmma_config((m_rows, 512, 1536), dtype), **fields)
