@@ -13,7 +13,12 @@ Each ``(M, out, in)`` case times, in device time (CUPTI) and side by side:
 * from 129 rows, ``bm128`` (or ``bm256``): the other of the two widest batch
   tiles at the same number of programs (the heuristic takes 256 since
   session 35: each program's codes decoded once for 256 rows, not twice);
-* the split along ``in`` halved and doubled.
+* the split along ``in`` halved and doubled;
+* ``substeps2``: two 64-deep steps a pipeline stage, at half the stages (the same shared
+  memory), A alternating between two register sets (``mosaic_gpu_matmul.SUBSTEPS``);
+* where the heuristic's slabs are summed in a cluster (session 36), ``xla_sum``: the
+  same tiles with XLA summing them (``mosaic_gpu_matmul.REDUCE_IN_CLUSTER`` off); where
+  their partials do not fit beside 4 stages, ``stages2``: 2 stages, summed in a cluster.
 
 Every variant is screened against the reference first. Example::
 
@@ -54,7 +59,8 @@ def _with_programs(config: MatmulConfig, shape, dtype, programs: int = 128) -> M
 
 
 def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
-  """``(label, config, steps in flight)`` of one case, the heuristic's tiles first."""
+  """``(label, config, steps in flight)`` of one case, the heuristic's tiles first (labels
+  ``xla_sum*`` run with the cluster's sum off, ``substeps2*`` with two steps a stage)."""
   base = MatmulConfig.wgmma_config(shape, dtype)
   rows = 3 * shape[0] if jnp.dtype(dtype).itemsize == 4 else shape[0]
   steps = shape[2] // 64
@@ -68,6 +74,14 @@ def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
     if split and steps % split == 0 and steps // split >= 2:
       out.append((f"split{split}", dataclasses.replace(
           base, split_k=split, num_stages=max(1, min(base.num_stages, steps // split))), 1))
+  if steps // base.split_k % 2 == 0:  # two steps a stage, the same shared memory
+    out.append(("substeps2", dataclasses.replace(base, num_stages=max(2, base.num_stages // 2)),
+                1))
+  if base.split_k > 1 and jnp.dtype(dtype).itemsize == 2:
+    if mosaic_gpu_matmul.reduces_in_kernel(base, dtype):
+      out.append(("xla_sum", base, in_flight))
+    else:
+      out.append(("stages2", dataclasses.replace(base, num_stages=2), in_flight))
   return out
 
 
@@ -90,6 +104,8 @@ def explore(args) -> None:
   """Times every case's variants (``main``'s arguments)."""
   dtype = jnp.dtype(args.x_dtype)
   default_in_flight = mosaic_gpu_matmul.STEPS_IN_FLIGHT
+  default_in_cluster = mosaic_gpu_matmul.REDUCE_IN_CLUSTER
+  default_substeps = mosaic_gpu_matmul.SUBSTEPS
   cases = [tuple(int(d) for d in case.split("x")) for case in args.cases.split(",")]
   start = time.time()
   results = {"facts": _harness.device_facts(), "rows": []}
@@ -144,12 +160,17 @@ def explore(args) -> None:
         x, p, s, C=C, out_dtype=dtype, config=triton), weights)
     for label, config, in_flight in variants(full, dtype):
       mosaic_gpu_matmul.STEPS_IN_FLIGHT = in_flight  # read when the call is traced
+      mosaic_gpu_matmul.REDUCE_IN_CLUSTER = not label.startswith("xla_sum")
+      mosaic_gpu_matmul.SUBSTEPS = 2 if label.startswith("substeps2") else default_substeps
       timed(label, lambda x, p, s, config=config: pallas_triton_matmul.ternary_matmul(
           x, p, s, C=C, out_dtype=dtype, config=config), weights,
           config=dict(block_m=config.block_m, block_n=config.block_n,
                       split_k=config.split_k, num_stages=config.num_stages,
-                      in_flight=in_flight))
+                      in_flight=in_flight,
+                      in_kernel_sum=mosaic_gpu_matmul.reduces_in_kernel(config, dtype)))
       mosaic_gpu_matmul.STEPS_IN_FLIGHT = default_in_flight
+      mosaic_gpu_matmul.REDUCE_IN_CLUSTER = default_in_cluster
+      mosaic_gpu_matmul.SUBSTEPS = default_substeps
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
 

@@ -7,7 +7,7 @@ register hand-over and the instructions of one pipeline step.
 Each case ``MxOUTxIN[:field=value,...]`` lowers
 :func:`jaxnoise.ops.ternary.mosaic_gpu_matmul.ternary_matmul` (bfloat16 ``x``,
 ``MatmulConfig.wgmma_config``'s tiles with the overrides; ``in_flight=2`` sets
-``STEPS_IN_FLIGHT``; tiles the config check refuses, such as ``block_n=256``, are
+``STEPS_IN_FLIGHT`` and ``substeps=2`` ``SUBSTEPS``; tiles the config check refuses, such as ``block_n=256``, are
 let through) for CUDA on this machine and compiles it with a PJRT CUDA plugin's XLA
 (:func:`offline_mosaic_ptxas.compile_deviceless`; ``ptxas`` from ``PATH``). It prints
 ptxas's registers and spills, the kernel's ``.maxntid`` and its ``setmaxnreg``
@@ -50,9 +50,11 @@ def lower(case: str) -> str:
   m_rows, n_out, n_in = (int(d) for d in dims.split("x"))
   overrides = {name: int(value) for name, _, value in
                (field.partition("=") for field in filter(None, fields.split(",")))}
-  saved = (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS)
+  saved = (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS,
+           mosaic_gpu_matmul.SUBSTEPS)
   try:  # the tiles the config check refuses are let through while this case lowers
     mosaic_gpu_matmul.STEPS_IN_FLIGHT = overrides.pop("in_flight", saved[0])
+    mosaic_gpu_matmul.SUBSTEPS = overrides.pop("substeps", saved[2])
     matmul_config.WGMMA_BLOCK_NS = (128, 256)
     config = dataclasses.replace(
         matmul_config.MatmulConfig.wgmma_config((m_rows, n_out, n_in)), **overrides)
@@ -63,18 +65,24 @@ def lower(case: str) -> str:
              jax.ShapeDtypeStruct((n_out,), jnp.float32))
     return fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
   finally:
-    mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS = saved
+    (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS,
+     mosaic_gpu_matmul.SUBSTEPS) = saved
 
 
-def main_loop_opcodes(sass: str) -> collections.Counter:
-  """Opcodes of the loop whose body holds the ``HGMMA``s (from its label to its branch)."""
+def main_loop(sass: str) -> list[str]:
+  """The SASS lines of the loop whose body holds the ``HGMMA``s (its label to its branch)."""
   lines = sass.splitlines()
   last = max(i for i, line in enumerate(lines) if "HGMMA" in line)
   branch = next(i for i in range(last, len(lines)) if re.search(r"\bBRA\b", lines[i]))
   label = re.search(r"`\((\.L_x_\d+)\)", lines[branch]).group(1)
   start = next(i for i, line in enumerate(lines) if line.startswith(label + ":"))
+  return lines[start:branch + 1]
+
+
+def main_loop_opcodes(sass: str) -> collections.Counter:
+  """Opcodes of :func:`main_loop`."""
   counts = collections.Counter()
-  for line in lines[start:branch + 1]:
+  for line in main_loop(sass):
     match = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
     if match:
       counts[match.group(2).split(".")[0]] += 1
@@ -85,6 +93,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--plugin", required=True, help="xla_cuda_plugin.so of jax-cuda13-pjrt")
   parser.add_argument("--nvdisasm", help="nvdisasm, for the main loop's opcodes")
+  parser.add_argument("--show-loop", action="store_true", help="print the main loop's SASS")
   parser.add_argument("--child", help=argparse.SUPPRESS)
   parser.add_argument("cases", nargs="*", default=["16x4096x4096"])
   args = parser.parse_args(argv)
@@ -118,6 +127,8 @@ def main(argv=None):
                               text=True).stdout
         counts = main_loop_opcodes(sass)
         line += f"\n  main loop: {sum(counts.values())} instructions {dict(counts.most_common())}"
+        if args.show_loop:
+          line += "\n" + "\n".join(main_loop(sass))
       print(line, flush=True)
 
 

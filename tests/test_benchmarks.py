@@ -5,6 +5,7 @@ they must not rot between GPU sessions. Each case must finish without an
 error record; the kernels run through the Pallas interpreter.
 """
 
+import dataclasses
 import importlib
 import json
 import os
@@ -376,7 +377,7 @@ def test_offline_wgmma_ternary_sass_lowers_refused_tiles_and_reads_the_main_loop
   for case in ("16x512x1024:block_n=256,split_k=2", "300x256x512:block_m=256,in_flight=2"):
     assert "mosaic_gpu" in module.lower(case)
   assert (matmul_config.WGMMA_BLOCK_NS, matmul_config.WGMMA_MAX_BLOCK_M) == ((128,), 256)
-  assert mosaic_gpu_matmul.STEPS_IN_FLIGHT == 2
+  assert mosaic_gpu_matmul.STEPS_IN_FLIGHT == 1
   sass = "\n".join([
       "        /*0010*/                   MOV R1, c[0x0][0x28] ;",
       ".L_x_7:",
@@ -395,12 +396,16 @@ def test_wgmma_tile_exploration_lists_its_variants():
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   module = _benchmark_module("explore_wgmma_tiles")
   small = module.variants((16, 4096, 4096), jnp.bfloat16)
-  assert [label for label, _, _ in small] == ["base", "in_flight1", "split2", "split8"]
+  assert [label for label, _, _ in small] == ["base", "in_flight2", "split2", "split8",
+                                              "substeps2", "xla_sum"]
+  assert small[4][1].num_stages == small[0][1].num_stages // 2
   assert small[0][1] == module.MatmulConfig.wgmma_config((16, 4096, 4096))
-  assert (small[0][2], small[1][2]) == (2, 1)
+  assert (small[0][2], small[1][2]) == (1, 2)
   large = {label: config for label, config, _ in module.variants((256, 4096, 4096),
                                                                  jnp.bfloat16)}
   assert (large["base"].block_m, large["base"].split_k) == (256, 4)
   assert (large["bm128"].block_m, large["bm128"].split_k) == (128, 2)
+  # 4 stages of 256-row tiles leave no room for the cluster's partials: 2 stages beside.
+  assert large["stages2"] == dataclasses.replace(large["base"], num_stages=2)
   for label, config, _ in module.variants((3, 1024, 192), jnp.float32):
     assert (192 // 64) % config.split_k == 0, label

@@ -35,18 +35,15 @@ def _random_layer(rng, n_out: int, n_in: int, C: int):
 
 
 @pytest.mark.parametrize("C", [1, 2, 3, 11])
-def test_decode_model_and_permutation_give_the_product_exactly(rng, C):
-  """Each thread's three words give A's columns the codes that, with x's columns permuted
-  per 64-wide block, make ``x t^T`` exactly (fresh codes packed by SPEC's formula)."""
+def test_decode_model_gives_each_column_its_own_code(rng, C):
+  """Each thread's cuts from its row's words give A's columns the codes of x's features in
+  their own order (fresh codes packed by SPEC's formula), so ``x t^T`` comes out exactly."""
   codes, packed, _ = _random_layer(rng, 16, 192, C)
   a_codes = mosaic_gpu_matmul.decode_model(np.asarray(packed))
-  assert (a_codes >= 0).all(), "a column of A was never written"
-  np.testing.assert_array_equal(np.sort(a_codes.reshape(16, 3, 64), -1),
-                                np.sort(codes.reshape(16, 3, 64), -1))
+  np.testing.assert_array_equal(a_codes, codes)
   lv = 2 * C - 1
   x = rng.integers(-4, 5, (5, 192)).astype(np.float32)
-  x_perm = np.asarray(mosaic_gpu_matmul.permute_features(jnp.asarray(x)))
-  np.testing.assert_array_equal(x_perm @ (a_codes // lv - 1).T, x @ (codes // lv - 1).T)
+  np.testing.assert_array_equal(x @ (a_codes // lv - 1).T, x @ (codes // lv - 1).T)
 
 
 @pytest.mark.parametrize("dtype,one", [(jnp.bfloat16, 0x3F80), (jnp.float16, 0x3C00)])
@@ -64,20 +61,18 @@ def test_pair_decode_gives_both_values_bits_for_every_code_pair(dtype, one):
                                   bits(c0 // lv - 1) | bits(c1 // lv - 1) << 16)
 
 
-def test_permutation_stays_within_each_block():
-  x = jnp.arange(3 * 128, dtype=jnp.float32).reshape(3, 128)
-  permuted = mosaic_gpu_matmul.permute_features(x)
-  np.testing.assert_array_equal(permuted[:, 64:], x[:, 64 + mosaic_gpu_matmul.PERMUTATION])
-  np.testing.assert_array_equal(np.sort(permuted, -1), x)
-
-
-@pytest.mark.parametrize("m_rows,n_out,n_in,dtype", [
-    (1, 128, 64, jnp.bfloat16), (5, 256, 1024, jnp.float16), (200, 384, 192, jnp.bfloat16),
-    (129, 128, 512, jnp.float32), (16, 4096, 4096, jnp.bfloat16)])
-def test_kernel_lowers_for_hopper(m_rows, n_out, n_in, dtype):
-  """The whole Pallas-to-Mosaic translation (and its shared-memory check) at odd batches."""
+@pytest.mark.parametrize("m_rows,n_out,n_in,dtype,out_dtype", [
+    (1, 128, 64, jnp.bfloat16, jnp.bfloat16), (5, 256, 1024, jnp.float16, jnp.float32),
+    (200, 384, 192, jnp.bfloat16, jnp.float16), (129, 128, 512, jnp.float32, jnp.float32),
+    (16, 4096, 4096, jnp.bfloat16, jnp.bfloat16)])
+@pytest.mark.parametrize("in_cluster", [True, False])
+def test_kernel_lowers_for_hopper(monkeypatch, m_rows, n_out, n_in, dtype, out_dtype, in_cluster):
+  """The whole Pallas-to-Mosaic translation (and its shared-memory check) at odd batches, with
+  the kernel's own epilogue (one slab, or slabs summed in a cluster) and XLA's (float32 ``x``,
+  or the cluster's sum switched off)."""
+  monkeypatch.setattr(mosaic_gpu_matmul, "REDUCE_IN_CLUSTER", in_cluster)
   config = MatmulConfig.wgmma_config((m_rows, n_out, n_in), dtype)
-  fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=dtype,
+  fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=out_dtype,
                                  config=config))
   avals = (jax.ShapeDtypeStruct((m_rows, n_in), dtype),
            jax.ShapeDtypeStruct((n_out, 3 * n_in // 4), jnp.uint8),
@@ -86,23 +81,53 @@ def test_kernel_lowers_for_hopper(m_rows, n_out, n_in, dtype):
   assert "mosaic_gpu" in lowered.as_text()
 
 
-# Tiles beside the heuristic's: wgmma's widest batch tile (256) at any number of rows, and
-# each step waiting for its own wgmma (STEPS_IN_FLIGHT = 1) or a step's wgmmas left in flight
-# while the next step is decoded (2, the default).
-_VARIANTS = [(dict(block_m=256, num_stages=4), 1), (dict(), 1),
-             (dict(block_m=256, num_stages=4), 2)]
+# Tiles beside the heuristic's: wgmma's widest batch tile (256) with 4 stages (no room for a
+# cluster's partials: XLA sums the slabs) and with 2 (summed in the cluster), at any number of
+# rows. (Two steps in flight are undefined behaviour: see mosaic_gpu_matmul.STEPS_IN_FLIGHT.)
+_VARIANTS = [dict(block_m=256, num_stages=4), dict(), dict(block_m=256, num_stages=2)]
 
 
-@pytest.mark.parametrize("fields,in_flight", _VARIANTS)
+@pytest.mark.parametrize("fields", _VARIANTS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_kernel_variants_lower_for_hopper(monkeypatch, fields, in_flight, dtype):
-  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
+def test_kernel_variants_lower_for_hopper(fields, dtype):
   config = dataclasses.replace(MatmulConfig.wgmma_config((70, 512, 1024), dtype), **fields)
   fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=dtype,
                                  config=config))
   avals = (jax.ShapeDtypeStruct((70, 1024), dtype),
            jax.ShapeDtypeStruct((512, 768), jnp.uint8), jax.ShapeDtypeStruct((512,), jnp.float32))
   assert "mosaic_gpu" in fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("m_rows,dtype", [(5, jnp.bfloat16), (300, jnp.bfloat16),
+                                          (40, jnp.float32)])
+def test_two_steps_a_stage_lower_for_hopper(monkeypatch, m_rows, dtype):
+  monkeypatch.setattr(mosaic_gpu_matmul, "SUBSTEPS", 2)
+  config = dataclasses.replace(MatmulConfig.wgmma_config((m_rows, 512, 2048), dtype),
+                               num_stages=2)
+  assert mosaic_gpu_matmul.config_reason(config, 512, 2048) is None
+  assert "multiple of SUBSTEPS" in mosaic_gpu_matmul.config_reason(
+      dataclasses.replace(config, split_k=1), 512, 192)
+  fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=dtype,
+                                 config=config))
+  avals = (jax.ShapeDtypeStruct((m_rows, 2048), dtype),
+           jax.ShapeDtypeStruct((512, 1536), jnp.uint8), jax.ShapeDtypeStruct((512,), jnp.float32))
+  assert "mosaic_gpu" in fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_kernel_reduces_where_its_partials_fit(monkeypatch):
+  reduces = mosaic_gpu_matmul.reduces_in_kernel
+  config = lambda m_rows, **kw: dataclasses.replace(
+      MatmulConfig.wgmma_config((m_rows, 4096, 4096)), **kw)
+  assert reduces(config(16), jnp.bfloat16) and config(16).split_k == 4
+  assert reduces(config(1024), jnp.float16) and config(1024).split_k == 1
+  assert not reduces(config(16), jnp.float32)  # three pieces: XLA sums them
+  assert not reduces(config(16, split_k=16), jnp.bfloat16)  # beyond a portable cluster
+  # 256-row tiles, 4 stages: 152 KiB of buffers and 128 KiB of partials do not fit.
+  assert not reduces(config(256, block_m=256, num_stages=4, split_k=4), jnp.bfloat16)
+  assert reduces(config(256, block_m=256, num_stages=2, split_k=4), jnp.bfloat16)
+  monkeypatch.setattr(mosaic_gpu_matmul, "REDUCE_IN_CLUSTER", False)
+  assert not reduces(config(16), jnp.bfloat16)
+  assert reduces(config(1024), jnp.bfloat16)
 
 
 def test_wgmma_configs_tile_as_documented():
@@ -198,10 +223,14 @@ def _needs_hopper():
     (17, 256, 4096, 1, jnp.bfloat16), (130, 512, 768, 11, jnp.bfloat16),
     (257, 1024, 2048, 3, jnp.float16), (6, 128, 64, 5, jnp.float32),
     (70, 256, 1024, 3, jnp.float32)])
-def test_compiled_kernel_gives_exact_products(rng, m_rows, n_out, n_in, C, dtype):
+@pytest.mark.parametrize("in_cluster", [True, False])
+def test_compiled_kernel_gives_exact_products(rng, monkeypatch, m_rows, n_out, n_in, C, dtype,
+                                              in_cluster):
   """Integer ``x``: every sum is exact, so the kernel must give ``x t^T * scale`` bit for bit
-  (float32 out), whatever the tiles and the split along ``in``."""
+  (float32 out, and rounded once to a 16-bit out), whatever the tiles and the split along
+  ``in``, summed in a cluster or by XLA."""
   _needs_hopper()
+  monkeypatch.setattr(mosaic_gpu_matmul, "REDUCE_IN_CLUSTER", in_cluster)
   codes, packed, scale = _random_layer(rng, n_out, n_in, C)
   x_int = rng.integers(-4, 5, (m_rows, n_in))
   expected = exact_product(x_int, codes, C, scale)
@@ -212,20 +241,43 @@ def test_compiled_kernel_gives_exact_products(rng, m_rows, n_out, n_in, C, dtype
     y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=C,
                                out_dtype=jnp.float32, implementation="pallas", config=config)
     np.testing.assert_array_equal(np.asarray(y), expected, err_msg=f"split_k={split}")
+    for out_dtype in (jnp.float16 if dtype == jnp.float16 else jnp.bfloat16,):
+      y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=C,
+                                 out_dtype=out_dtype, implementation="pallas", config=config)
+      np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                    np.asarray(jnp.asarray(expected).astype(out_dtype),
+                                               np.float32),
+                                    err_msg=f"split_k={split}, out {jnp.dtype(out_dtype).name}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fields,in_flight", _VARIANTS)
+@pytest.mark.parametrize("fields", _VARIANTS)
 @pytest.mark.parametrize("m_rows,dtype", [(5, jnp.bfloat16), (130, jnp.float16),
                                           (300, jnp.bfloat16), (40, jnp.float32)])
-def test_compiled_kernel_variants_give_exact_products(rng, monkeypatch, fields, in_flight,
-                                                      m_rows, dtype):
+def test_compiled_kernel_variants_give_exact_products(rng, fields, m_rows, dtype):
   """The tiles beyond the heuristic's, bit for bit against exact products (integer ``x``)."""
   _needs_hopper()
-  monkeypatch.setattr(mosaic_gpu_matmul, "STEPS_IN_FLIGHT", in_flight)
   codes, packed, scale = _random_layer(rng, 512, 1536, 3)
   x_int = rng.integers(-4, 5, (m_rows, 1536))
   config = dataclasses.replace(MatmulConfig.wgmma_config((m_rows, 512, 1536), dtype), **fields)
+  y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=3,
+                             out_dtype=jnp.float32, implementation="pallas", config=config)
+  np.testing.assert_array_equal(np.asarray(y), exact_product(x_int, codes, 3, scale))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m_rows,dtype,block_m", [(5, jnp.bfloat16, None),
+                                                  (130, jnp.float16, None),
+                                                  (300, jnp.bfloat16, 256), (40, jnp.float32, None)])
+def test_compiled_two_steps_a_stage_give_exact_products(rng, monkeypatch, m_rows, dtype,
+                                                        block_m):
+  """``SUBSTEPS = 2``: A alternating between two register sets, bit for bit."""
+  _needs_hopper()
+  monkeypatch.setattr(mosaic_gpu_matmul, "SUBSTEPS", 2)
+  codes, packed, scale = _random_layer(rng, 512, 2048, 3)
+  x_int = rng.integers(-4, 5, (m_rows, 2048))
+  base = MatmulConfig.wgmma_config((m_rows, 512, 2048), dtype)
+  config = dataclasses.replace(base, block_m=block_m or base.block_m, num_stages=2)
   y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=3,
                              out_dtype=jnp.float32, implementation="pallas", config=config)
   np.testing.assert_array_equal(np.asarray(y), exact_product(x_int, codes, 3, scale))

@@ -8,27 +8,36 @@ warpgroup's 64 rows of ``t``, built in registers from the packed bytes, and
 memory; no dense weight exists anywhere.
 
 * **Which codes a thread decodes.** In the WGMMA register layout each thread
-  holds, per 16-deep chunk ``j`` of ``A``, columns ``2c, 2c+1`` (register tile
-  ``2j``) and ``2c+8, 2c+9`` (tile ``2j+1``) of two rows, ``c = lane % 4``. A
-  64-deep step of a row is 48 packed bytes, a 384-bit little-endian string of
-  6-bit codes (code ``i`` at bit ``6 i``). Thread ``c`` reads the 12 bytes
-  ``12c .. 12c+11`` (codes ``16c .. 16c+15``) and gives chunk ``j`` its codes
-  ``16c + 4j + (0, 1)`` and ``16c + 4j + (2, 3)``: no shuffle, three aligned
-  32-bit shared-memory loads a row, free of bank conflicts (a warp's 32
-  words fall in 32 banks). Each such pair of adjacent codes becomes the
-  register's two 16-bit floats by ten integer operations
-  (:func:`decode_pair`; no conversion, compare or select: the first decode,
-  with two conversions a code, left the kernel at a dense matmul's speed).
-* **``x`` permuted to match.** Column ``p`` of ``A``'s step holds the code of
-  feature :data:`PERMUTATION` ``[p]``, so ``x``'s columns are gathered the same
-  way inside each 64-wide block (:func:`permute_features`), one small XLA
-  fusion with the padding and the cast at the batch sizes this is for.
+  holds, in register tile ``k`` (0-7) of each of two rows, ``A``'s columns
+  ``8k + 2c`` and ``8k + 2c + 1``, ``c = lane % 4``. A 64-deep step of a row is
+  48 packed bytes, a 384-bit little-endian string of 6-bit codes (code ``i`` at
+  bit ``6 i``), so that pair of codes is the 12 bits from bit ``48 k + 12 c``.
+  Every thread of a row loads the row's 48 bytes (three aligned 16-byte
+  shared-memory loads, one address per row, free of bank conflicts) and cuts
+  pair ``k`` from the 64 bits of two adjacent words by one shift of
+  ``12 c`` or ``16 + 12 c`` bits. ``A``'s columns are thus ``x``'s features in
+  their own order: ``x`` enters the kernel as it is (session 36: permuting it
+  instead, with a thread's own 12 bytes, cost an XLA gather a call, 1.7-7.7 us,
+  and the shifts cost nothing, 216 instructions a step against 215). Each pair
+  of adjacent codes becomes the register's two 16-bit floats by ten integer
+  operations (:func:`decode_pair`; no conversion, compare or select: the first
+  decode, with two conversions a code, left the kernel at a dense matmul's
+  speed).
 * **Tiles.** A program is 2 compute warpgroups of 64 rows of ``W`` each
   (``MatmulConfig.block_n = 128``), ``block_m`` rows of ``x`` (``wgmma``'s N)
   and one of ``split_k`` slabs of ``in``, so that about one program a
   multiprocessor streams ``W`` at small batches
-  (:meth:`~jaxnoise.ops.ternary.config.MatmulConfig.wgmma_config`). XLA sums
-  the slabs' float32 partial products, scales the rows and transposes.
+  (:meth:`~jaxnoise.ops.ternary.config.MatmulConfig.wgmma_config`).
+* **Epilogue.** For 16-bit ``x`` the kernel gives ``y`` itself
+  (:func:`reduces_in_kernel`). The ``split_k`` programs of one tile form a
+  cluster; each leaves its float32 partial product in its shared memory, and
+  the first sums the others' through distributed shared memory, scales the
+  rows (``scale`` read in the accumulator's row layout), casts to the output
+  dtype and stores ``y``'s ``(block_m, 64)`` tile from registers: each
+  thread's pairs run along ``W``'s rows (``WGMMA_TRANSPOSED``, one shuffle a
+  register), so a warp's stores fill whole 32-byte sectors of ``y``. Where the
+  partials do not fit, and for float32 ``x``, the partial products go out as
+  ``y^T`` and one XLA fusion sums them, scales the rows and transposes.
 * **dtypes.** bfloat16 and float16 ``x`` meet ``t`` in their own dtype
   (``t`` is exact in both); float32 ``x`` enters as its three bfloat16 pieces
   (:func:`jaxnoise.ops.ternary.pallas_triton_matmul.bf16_pieces`, stacked
@@ -58,8 +67,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxnoise.ops import _mosaic
 from jaxnoise.ops.ternary.config.matmul import WGMMA_BLOCK_NS, WGMMA_STEP, MatmulConfig
 
-__all__ = ["PERMUTATION", "config_reason", "decode_model", "decode_pair", "pair_constants",
-           "permute_features", "ternary_matmul", "unsupported_reason"]
+__all__ = ["config_reason", "decode_model", "decode_pair", "pair_constants",
+           "reduces_in_kernel", "ternary_matmul", "unsupported_reason"]
 
 STEP = WGMMA_STEP  # features per pipeline step (a row's 48 packed bytes)
 STEP_BYTES = 3 * STEP // 4
@@ -68,53 +77,43 @@ ROWS = 64  # rows of W per compute warpgroup (MatmulConfig.block_n / ROWS warpgr
 # step waits for its own; 2: for the previous step's, the buffers released a step late).
 # Session 35 (H100, bf16, device us, 1 against 2): 4096^2 M=16 12.3 / 12.2, M=256 28.8 / 27.7,
 # M=1024 89.3 / 85.8; 8192^2 M=16 35.4 / 32.2, M=256 83.2 / 78.3; session 34 M=1 11.7 / 11.4.
-STEPS_IN_FLIGHT = 2
+# But 2 is undefined behaviour in PTX: the next step's decode writes the registers of A (the
+# same virtual registers, in a loop) while the last wgmma may still read them. Session 36:
+# ptxas put the next step's shared-memory loads in those registers, and 256-row tiles gave NaN
+# (16-row tiles' short wgmmas finished first). So 1, until A alternates between two sets.
+STEPS_IN_FLIGHT = 1
+# 64-deep steps a pipeline stage holds (1 or 2). With 2, A alternates between two register sets,
+# each step's decode overlapping the other set's wgmma legally (each wgmma waits for the one
+# before it, whose registers the next decode writes); the stage's buffers are released a stage
+# late.
+SUBSTEPS = 1
+# Slabs of ``in`` summed in the kernel, through a cluster's distributed shared memory (else
+# XLA sums their float32 partial products, scales and transposes: a second kernel).
+REDUCE_IN_CLUSTER = True
+MAX_CLUSTER = 8  # the portable cluster size
+HOPPER_SHARED_MEMORY = 232448  # bytes a block may opt in to (H100, H200)
+_SHARED_MEMORY_SLACK = 2048  # the pipeline's barriers and alignment
 
 
-def _permutation() -> np.ndarray:
-  perm = np.empty(STEP, np.int64)
-  for c in range(4):
-    for j in range(4):
-      for e in range(2):
-        perm[16 * j + 2 * c + e] = 16 * c + 4 * j + e          # register tile 2j
-        perm[16 * j + 8 + 2 * c + e] = 16 * c + 4 * j + 2 + e  # register tile 2j + 1
-  assert sorted(perm) == list(range(STEP))
-  return perm
-
-
-# PERMUTATION[p]: the feature (in a 64-wide block) whose code is A's column p.
-PERMUTATION = _permutation()
-
-
-def permute_features(x: jax.Array) -> jax.Array:
-  """``x`` ``(..., in)`` with each 64-wide block's columns in ``A``'s order.
-
-  Example:
-    >>> x = jnp.arange(64.0)[None]
-    >>> permute_features(x)[0, :4].tolist()  # A's columns 0-3: features 0, 1, 16, 17
-    [0.0, 1.0, 16.0, 17.0]
-  """
-  *lead, n_in = x.shape
-  blocks = x.reshape(*lead, n_in // STEP, STEP)
-  return blocks[..., PERMUTATION].reshape(*lead, n_in)
-
-
-def _thread_codes(packed_row_step: np.ndarray, c: int) -> dict[tuple[int, int], tuple[int, int]]:
-  """One thread's decode in NumPy: ``(chunk j, tile half) -> (code, code)`` from a row's 48
-  bytes of one step, reading only bytes ``12c .. 12c+11`` as three words."""
-  words = packed_row_step[12 * c:12 * c + 12].view("<u4").astype(np.uint64)
-  bits = int(words[0]) | int(words[1]) << 32 | int(words[2]) << 64
-  code = lambda i: (bits >> (6 * i)) & 63
-  return {(j, half): (code(4 * j + 2 * half), code(4 * j + 2 * half + 1))
-          for j in range(4) for half in range(2)}
+def _thread_codes(packed_row_step: np.ndarray, c: int) -> dict[int, tuple[int, int]]:
+  """One thread's decode in NumPy: ``register tile k -> (code, code)`` from a row's 48 bytes of
+  one step, read as twelve words, each pair cut from two adjacent words as the kernel does."""
+  words = [int(w) for w in packed_row_step.view("<u4")]
+  pairs = {}
+  for k in range(8):
+    first, offset = divmod(48 * k, 32)
+    window = words[first] | words[first + 1] << 32
+    bits = window >> (offset + 12 * c)
+    pairs[k] = (bits & 63, bits >> 6 & 63)
+  return pairs
 
 
 def decode_model(packed: np.ndarray) -> np.ndarray:
   """The codes of ``A`` that the kernel's threads assemble, in NumPy (a model of the kernel's
-  index math, for tests): ``(out, in)`` codes with each 64-wide block in ``A``'s column order.
+  index math, for tests): ``(out, in)`` codes in ``A``'s column order.
 
-  Column ``8 t + 2 c + e`` of register tile ``t`` of a row gets the pair that thread ``c``
-  decodes for it, from the three words it reads.
+  Column ``8 k + 2 c + e`` (register tile ``k``) of a row gets the pair that thread ``c``
+  cuts for it from the row's words.
   """
   packed = np.asarray(packed, np.uint8)
   n_out, n_bytes = packed.shape
@@ -124,9 +123,9 @@ def decode_model(packed: np.ndarray) -> np.ndarray:
     block = packed[:, s * STEP_BYTES:(s + 1) * STEP_BYTES]
     for r in range(n_out):
       for c in range(4):
-        for (j, half), pair in _thread_codes(block[r], c).items():
+        for k, pair in _thread_codes(block[r], c).items():
           for e in range(2):
-            a[r, s * STEP + 8 * (2 * j + half) + 2 * c + e] = pair[e]
+            a[r, s * STEP + 8 * k + 2 * c + e] = pair[e]
   return a
 
 
@@ -157,7 +156,33 @@ def config_reason(config: MatmulConfig, out_features: int, in_features: int) -> 
   steps = in_features // STEP
   if steps % config.split_k:
     return f"split_k = {config.split_k} does not divide in / {STEP} = {steps}"
+  if steps // config.split_k % SUBSTEPS:
+    return (f"a slab's {steps // config.split_k} steps of {STEP} inputs are not a multiple of "
+            f"SUBSTEPS = {SUBSTEPS}")
   return None
+
+
+def reduces_in_kernel(config: MatmulConfig, dtype) -> bool:
+  """Whether the kernel gives ``y`` itself (scaled, cast, its slabs summed), with no XLA
+  epilogue: 16-bit ``x``, and one slab or (with :data:`REDUCE_IN_CLUSTER`) a cluster of at
+  most :data:`MAX_CLUSTER` slabs whose partial products fit beside the pipeline's buffers.
+
+  Example:
+    >>> reduces_in_kernel(MatmulConfig.wgmma_config((16, 4096, 4096)), jnp.bfloat16)
+    True
+    >>> reduces_in_kernel(MatmulConfig.wgmma_config((16, 4096, 4096)), jnp.float32)
+    False
+  """
+  if jnp.dtype(dtype).itemsize != 2:
+    return False
+  if config.split_k == 1:
+    return True
+  if not REDUCE_IN_CLUSTER or config.split_k > MAX_CLUSTER:
+    return False
+  pipeline = config.num_stages * SUBSTEPS * (config.block_n * STEP_BYTES
+                                             + config.block_m * STEP * 2)
+  partials = config.block_n * config.block_m * 4
+  return pipeline + partials <= HOPPER_SHARED_MEMORY - _SHARED_MEMORY_SLACK
 
 
 # ----------------------------------------------------------------------------
@@ -245,52 +270,66 @@ def _decode(lv: int, dtype):
     warp = arith.remui(arith.divui(tid, const(32)), const(4))
     c = arith.remui(lane, const(4))
     first_row = arith.addi(arith.muli(warp, const(16)), arith.divui(lane, const(4)))
-    byte0 = arith.muli(c, const(12))
     regs = np.empty(fa.WGMMA_LAYOUT.registers_shape((ROWS, STEP)), dtype=object)
-    word_type = ir.VectorType.get((4,), i8)
-    one_word = ir.VectorType.get((1,), i32)
+    i64 = ir.IntegerType.get_signless(64)
+    quad_bytes = ir.VectorType.get((16,), i8)
+    quad_words = ir.VectorType.get((4,), i32)
     pair_type = ir.VectorType.get((2,), element)
+    one_word = ir.VectorType.get((1,), i32)
+    wide = lambda value: arith.extui(i64, value)
+    # Field k (k = 2 j + tile half) of the thread's row starts at bit 48 k + 12 c: a shift of
+    # 12 c (even k) or 16 + 12 c (odd k) within the 64 bits of words k * 3 // 2 and the next.
+    shifts = [wide(arith.addi(arith.muli(c, const(12)), const(16 * odd))) for odd in (0, 1)]
     for half in range(2):
       row = arith.index_castui(index, arith.addi(first_row, const(8 * half)))
       words = []
-      for w in range(3):
-        col = arith.index_castui(index, arith.addi(byte0, const(4 * w)))
-        raw = vector.load(word_type, packed_smem, [row, col])
-        words.append(vector.extract(vector.bitcast(one_word, raw), dynamic_position=[],
-                                    static_position=[0]))
-
-      def pair_bits(first):
-        """Bits 0-11: codes ``first`` and ``first + 1`` of the thread's 16."""
-        start, shift = divmod(6 * first, 32)
-        value = arith.shrui(words[start], const(shift)) if shift else words[start]
-        if shift > 20:  # the pair spans two words
-          value = arith.ori(value, arith.shli(words[start + 1], const(32 - shift)))
-        return value
-
-      for j in range(4):
-        for tile_half in range(2):
-          bits = decode_pair(pair_bits(4 * j + 2 * tile_half), lv, dtype, ops)
-          regs[(0, 2 * j + tile_half, 0, 0, half, 0, 0, 0, 0)] = vector.bitcast(
-              pair_type, vector.broadcast(one_word, bits))
+      for q in range(3):  # the row's 48 bytes, three aligned 16-byte loads
+        col = arith.constant(index, ir.IntegerAttr.get(index, 16 * q))
+        raw = vector.bitcast(quad_words, vector.load(quad_bytes, packed_smem, [row, col]))
+        words += [vector.extract(raw, dynamic_position=[], static_position=[e])
+                  for e in range(4)]
+      for k in range(8):
+        first, _ = divmod(48 * k, 32)
+        window = arith.ori(wide(words[first]),
+                           arith.shli(wide(words[first + 1]), arith.constant(
+                               i64, ir.IntegerAttr.get(i64, 32))))
+        pair = arith.trunci(i32, arith.shrui(window, shifts[k % 2]))
+        bits = decode_pair(pair, lv, dtype, ops)
+        j, tile_half = divmod(k, 2)
+        regs[(0, 2 * j + tile_half, 0, 0, half, 0, 0, 0, 0)] = vector.bitcast(
+            pair_type, vector.broadcast(one_word, bits))
     return mgpu.FragmentedArray(_registers=regs, _layout=fa.WGMMA_LAYOUT, _is_signed=None)
 
   return decode
 
 
-def _kernel(packed_gmem, x_gmem, out_gmem, *, lv: int, config: MatmulConfig, dtype):
+def _kernel(packed_gmem, x_gmem, *refs, lv: int, config: MatmulConfig, dtype):
   """One program: ``block_n`` rows of ``W`` (a warpgroup per 64), ``block_m`` rows of ``x``,
-  one slab of ``in``; its ``(block_n, block_m)`` float32 partial product to ``out[split]``."""
+  one slab of ``in``.
+
+  ``refs`` is ``(out,)``: the ``(block_n, block_m)`` float32 partial product to
+  ``out[split]``; or ``(scale, out)``: ``y``'s ``(block_m, block_n)`` tile itself, scaled,
+  cast to ``out``'s dtype and stored transposed, its slabs (a cluster of programs) summed
+  through the first program's shared memory (:func:`_reduce_in_cluster`).
+  """
+  scale_gmem, out_gmem = refs if len(refs) == 2 else (None, *refs)
   batch, n_in = x_gmem.shape
   splits, batch_tile, block_n = config.split_k, config.block_m, config.block_n
-  steps = n_in // STEP // splits
+  substeps = SUBSTEPS
+  steps = n_in // (STEP * substeps) // splits
   stages = min(config.num_stages, steps)
   # A step's wgmmas stay in flight while the next step is decoded: its buffers are released
   # a step late (Pallas' delay_release), so the pipeline needs a second buffer.
-  delay = min(STEPS_IN_FLIGHT - 1, stages - 1, steps - 1)
+  in_flight = 2 if substeps == 2 else STEPS_IN_FLIGHT
+  delay = min(in_flight - 1, stages - 1, steps - 1)
   batch_tiles = batch // batch_tile
   program = lax.axis_index("program")
-  row_tile, rest = program // (splits * batch_tiles), program % (splits * batch_tiles)
-  batch_index, split = rest // splits, rest % splits
+  if scale_gmem is None:
+    row_tile, rest = program // (splits * batch_tiles), program % (splits * batch_tiles)
+    batch_index, split = rest // splits, rest % splits
+  else:  # a cluster a tile, a program a slab
+    row_tile, batch_index = program // batch_tiles, program % batch_tiles
+    split = lax.axis_index("split")
   swizzle = plgpu.find_swizzle(STEP * jnp.dtype(dtype).itemsize * 8)
   x_transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
                   plgpu.SwizzleTransform(swizzle))
@@ -300,44 +339,168 @@ def _kernel(packed_gmem, x_gmem, out_gmem, *, lv: int, config: MatmulConfig, dty
 
   def body(_, packed_smem, x_smem, acc):
     wg = lax.axis_index("wg")
-    a = decode(packed_smem.at[pl.ds(wg * ROWS, ROWS)])
-    plgpu.wgmma(acc, a, x_smem.transpose((1, 0)))
-    plgpu.wgmma_wait(delay)
+    if substeps == 1:
+      a = decode(packed_smem.at[pl.ds(wg * ROWS, ROWS)])
+      plgpu.wgmma(acc, a, x_smem.transpose((1, 0)))
+      plgpu.wgmma_wait(delay)
+      return acc
+    for sub in range(substeps):  # A's two register sets: a wgmma waits for the other set's
+      a = decode(packed_smem.at[pl.ds(wg * ROWS, ROWS), pl.ds(sub * STEP_BYTES, STEP_BYTES)])
+      plgpu.wgmma(acc, a, x_smem.at[:, pl.ds(sub * STEP, STEP)].transpose((1, 0)))
+      plgpu.wgmma_wait(1)
     return acc
 
-  def context(run):
+  def store_y(y_t, wg_rows):
+    """Scales ``y^T``'s rows, casts and stores them as ``y``'s columns."""
+    scale = _mosaic.load_rows(scale_gmem.at[wg_rows])
+    y_t = (y_t * lax.broadcast_in_dim(scale, (ROWS, batch_tile), [0])).astype(out_gmem.dtype)
+    # Each thread's pairs along W's rows: adjacent in y's rows, so that a warp's stores fill
+    # whole 32-byte sectors.
+    out_gmem.at[cols, wg_rows].transpose((1, 0))[...] = plgpu.layout_cast(
+        y_t, plgpu.Layout.WGMMA_TRANSPOSED)
+
+  def context(run, partials_smem=None, barriers=None):
     @functools.partial(pl.run_scoped, acc=plgpu.ACC((ROWS, batch_tile), jnp.float32))
     def _scope(acc):
       run(acc)
       wg = lax.axis_index("wg")
+      wg_rows = pl.ds(row_tile * block_n + wg * ROWS, ROWS)
       # Reading the accumulator waits for the last wgmmas.
-      out_gmem.at[split, rows, cols].at[pl.ds(wg * ROWS, ROWS)][...] = acc[...]
+      if scale_gmem is None:
+        out_gmem.at[split, wg_rows, cols][...] = acc[...]
+      elif splits == 1:
+        store_y(acc[...], wg_rows)
+      else:
+        _reduce_in_cluster(acc[...], partials_smem, barriers, splits,
+                           functools.partial(store_y, wg_rows=wg_rows))
 
-  pipeline = plgpu.emit_pipeline_warp_specialized(
-      body, grid=(steps,), memory_registers=40,
-      in_specs=[plgpu.BlockSpec((block_n, STEP_BYTES), lambda k: (0, k),
-                                memory_space=plgpu.SMEM, delay_release=delay),
-                plgpu.BlockSpec((batch_tile, STEP), lambda k: (0, k), transforms=x_transforms,
-                                memory_space=plgpu.SMEM, delay_release=delay)],
-      wg_axis="wg", num_compute_wgs=block_n // ROWS, max_concurrent_steps=stages,
-      compute_context=context)
-  pipeline(packed_gmem.at[rows, pl.ds(split * steps * STEP_BYTES, steps * STEP_BYTES)],
-           x_gmem.at[cols, pl.ds(split * steps * STEP, steps * STEP)])
+  def run_pipeline(partials_smem=None, barriers=None):
+    pipeline = plgpu.emit_pipeline_warp_specialized(
+        body, grid=(steps,), memory_registers=40,
+        in_specs=[plgpu.BlockSpec((block_n, STEP_BYTES * substeps), lambda k: (0, k),
+                                  memory_space=plgpu.SMEM, delay_release=delay),
+                  plgpu.BlockSpec((batch_tile, STEP * substeps), lambda k: (0, k),
+                                  transforms=x_transforms, memory_space=plgpu.SMEM,
+                                  delay_release=delay)],
+        wg_axis="wg", num_compute_wgs=block_n // ROWS, max_concurrent_steps=stages,
+        compute_context=functools.partial(context, partials_smem=partials_smem,
+                                          barriers=barriers))
+    slab = steps * substeps
+    pipeline(packed_gmem.at[rows, pl.ds(split * slab * STEP_BYTES, slab * STEP_BYTES)],
+             x_gmem.at[cols, pl.ds(split * slab * STEP, slab * STEP)])
+
+  if scale_gmem is None or splits == 1:
+    run_pipeline()
+  else:
+    pl.run_scoped(
+        run_pipeline,
+        partials_smem=plgpu.SMEM((block_n // ROWS, ROWS, batch_tile), jnp.float32),
+        barriers=plgpu.ClusterBarrier(collective_axes=("split",), num_barriers=2,
+                                      num_arrivals=block_n // ROWS),
+        collective_axes="wg")
 
 
-def _unscaled(x16, packed, *, C: int, config: MatmulConfig):
-  """``x16 t^T`` in float32, ``(M, out)``, for 16-bit ``x16`` (padded to the batch tile,
-  permuted, the slabs summed by XLA)."""
+def _reduce_in_cluster(partial, partials_smem, barriers, splits: int, store):
+  """Sums a warpgroup's float32 ``partial`` over its cluster's ``splits`` programs (one a
+  slab of ``in``) and ``store``s the sum from the first: every program leaves its partial in
+  its shared memory; the first reads the others' (distributed shared memory) once all have
+  arrived, and all wait until it has read them before they exit."""
+  wg = lax.axis_index("wg")
+  partials_smem[wg] = partial
+  # The barriers' arrivals order at the scope of one program: fences order the partials'
+  # stores and the first program's loads at the cluster's.
+  _cluster_fence()
+  plgpu.barrier_arrive(barriers.at[0])
+  plgpu.barrier_wait(barriers.at[0])
+  _cluster_fence()
+
+  @pl.when(lax.axis_index("split") == 0)
+  def _first():
+    total = partial
+    for peer in range(1, splits):
+      total = total + _load_peer_tile(partials_smem.at[wg], peer)
+    store(total)
+
+  plgpu.barrier_arrive(barriers.at[1])
+  plgpu.barrier_wait(barriers.at[1])
+
+
+def _load_peer_tile(partial_smem, peer: int) -> jax.Array:
+  """Program ``peer``'s copy of the ``(64, batch_tile)`` float32 ``partial_smem`` (row-major,
+  in its shared memory), loaded through distributed shared memory in the accumulator's layout.
+
+  Each thread loads its registers' pairs (``ld.shared::cluster``) from the address that
+  ``mapa`` gives for the peer. (``plgpu.cluster_ref`` does this in jax 0.10 but fails to
+  lower in jax 0.11.2, whose memref view of the mapped address has no conversion.)
+  """
+  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm, nvvm
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.mosaic.gpu import fragmented_array as fa
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  # pylint: enable=g-import-not-at-top
+  cols = partial_smem.shape[-1]
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),),
+                     return_type=plgpu.ShapeDtypeStruct((ROWS, cols), jnp.float32,
+                                                        layout=plgpu.Layout.WGMMA))
+  def load(_, ref):
+    i32 = ir.IntegerType.get_signless(32)
+    f32 = ir.F32Type.get()
+    const = lambda v: arith.constant(i32, ir.IntegerAttr.get(i32, v))
+    remote = nvvm.mapa(llvm.PointerType.get(7), mgpu_utils.memref_ptr(ref), const(peer))
+    tid = mgpu_utils.thread_idx()
+    lane = arith.remui(tid, const(32))
+    warp = arith.remui(arith.divui(tid, const(32)), const(4))
+    first_row = arith.addi(arith.muli(warp, const(16)), arith.divui(lane, const(4)))
+    first = arith.addi(arith.muli(first_row, const(cols)),
+                       arith.muli(arith.remui(lane, const(4)), const(2)))
+    pair = ir.VectorType.get((2,), f32)
+    regs = np.empty(fa.WGMMA_LAYOUT.registers_shape((ROWS, cols)), dtype=object)
+    for tile in range(cols // 8):  # columns 8 tile + 2 (lane % 4) + (0, 1)
+      for half in range(2):  # rows first_row + 8 half
+        at = arith.addi(first, const(8 * half * cols + 8 * tile))
+        regs[(0, tile, 0, 0, half, 0, 0, 0, 0)] = llvm.load(
+            pair, mgpu_utils.getelementptr(remote, [at], f32), alignment=8)
+    return mgpu.FragmentedArray(_registers=regs, _layout=fa.WGMMA_LAYOUT, _is_signed=None)
+
+  return load(partial_smem)
+
+
+def _cluster_fence():
+  """``fence.acq_rel.cluster`` in every thread of the warpgroup."""
+  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import llvm
+  # pylint: enable=g-import-not-at-top
+
+  @plgpu.inline_mgpu()
+  def fence(_):
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "fence.acq_rel.cluster;", "",
+                    has_side_effects=True)
+
+  fence()
+
+
+def _call(x16, packed, scale, *, C: int, config: MatmulConfig, out_dtype: Any):
+  """The kernel on 16-bit ``x16`` padded to the batch tile: ``y`` ``(M, out)`` in
+  ``out_dtype`` if ``scale`` is given, else the unscaled ``x16 t^T`` in float32, its slabs
+  summed by XLA."""
   m_rows = x16.shape[0]
   n_out = packed.shape[0]
   padded = -(-m_rows // config.block_m) * config.block_m
-  x_rows = permute_features(jnp.pad(x16, ((0, padded - m_rows), (0, 0))))
-  programs = n_out // config.block_n * (padded // config.block_m) * config.split_k
+  x_rows = jnp.pad(x16, ((0, padded - m_rows), (0, 0)))
+  tiles = n_out // config.block_n * (padded // config.block_m)
   body = functools.partial(_kernel, lv=2 * C - 1, config=config, dtype=x16.dtype)
-  call = _mosaic.kernel(
-      body, out_type=jax.ShapeDtypeStruct((config.split_k, n_out, padded), jnp.float32),
-      grid=(programs,), grid_names=("program",),
-      num_threads=config.block_n // ROWS + 1, thread_name="wg")
+  kernel = functools.partial(_mosaic.kernel, body, grid_names=("program",),
+                             num_threads=config.block_n // ROWS + 1, thread_name="wg")
+  if scale is not None:
+    call = kernel(out_type=jax.ShapeDtypeStruct((padded, n_out), out_dtype), grid=(tiles,),
+                  cluster=(config.split_k,), cluster_names=("split",))
+    return call(packed, x_rows, scale.astype(jnp.float32))[:m_rows]
+  call = kernel(out_type=jax.ShapeDtypeStruct((config.split_k, n_out, padded), jnp.float32),
+                grid=(tiles * config.split_k,))
   return call(packed, x_rows).sum(0).T[:m_rows]
 
 
@@ -351,7 +514,10 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype: Any, config: MatmulCo
   m_rows = x.shape[0]
   if jnp.dtype(x.dtype) == jnp.dtype(jnp.float32):
     pieces = jnp.concatenate(pallas_triton_matmul.bf16_pieces(x), axis=0)
-    y = _unscaled(pieces, packed, C=C, config=config).reshape(3, m_rows, -1).sum(0)
+    y = _call(pieces, packed, None, C=C, config=config, out_dtype=jnp.float32)
+    y = y.reshape(3, m_rows, -1).sum(0)
+  elif reduces_in_kernel(config, x.dtype):  # the kernel scales, casts and stores y itself
+    return _call(x, packed, scale, C=C, config=config, out_dtype=out_dtype)
   else:
-    y = _unscaled(x, packed, C=C, config=config)
+    y = _call(x, packed, None, C=C, config=config, out_dtype=jnp.float32)
   return (y * scale.astype(jnp.float32)[None, :]).astype(out_dtype)
