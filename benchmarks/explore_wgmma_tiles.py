@@ -9,16 +9,18 @@ Each ``(M, out, in)`` case times, in device time (CUPTI) and side by side:
   steps in flight (``base``);
 * ``in_flight1`` (or ``in_flight2``): the other number of steps whose
   ``wgmma`` stays in flight while the warpgroup decodes the next step
-  (``mosaic_gpu_matmul.STEPS_IN_FLIGHT``; 2 since session 35);
+  (``mosaic_gpu_matmul.STEPS_IN_FLIGHT``; 2 in session 35, back to 1 in session 36: two
+  are undefined behaviour in PTX, and gave NaN with 128- and 256-row tiles);
 * from 129 rows, ``bm128`` (or ``bm256``): the other of the two widest batch
   tiles at the same number of programs (the heuristic takes 256 since
   session 35: each program's codes decoded once for 256 rows, not twice);
 * the split along ``in`` halved and doubled;
 * ``substeps2``: two 64-deep steps a pipeline stage, at half the stages (the same shared
   memory), A alternating between two register sets (``mosaic_gpu_matmul.SUBSTEPS``);
-* where the heuristic's slabs are summed in a cluster (session 36), ``xla_sum``: the
-  same tiles with XLA summing them (``mosaic_gpu_matmul.REDUCE_IN_CLUSTER`` off); where
-  their partials do not fit beside 4 stages, ``stages2``: 2 stages, summed in a cluster.
+* where the heuristic splits ``in``, the other way of summing the slabs
+  (``mosaic_gpu_matmul.REDUCE_IN_CLUSTER``, session 36): ``cluster_sum`` (in the
+  kernel, through a cluster's shared memory) or ``xla_sum``; where the partials do not
+  fit beside the stages, ``stages2``: 2 stages, summed in a cluster.
 
 Every variant is screened against the reference first. Example::
 
@@ -60,7 +62,8 @@ def _with_programs(config: MatmulConfig, shape, dtype, programs: int = 128) -> M
 
 def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
   """``(label, config, steps in flight)`` of one case, the heuristic's tiles first (labels
-  ``xla_sum*`` run with the cluster's sum off, ``substeps2*`` with two steps a stage)."""
+  ``xla_sum`` / ``cluster_sum*`` run with the cluster's sum off / on, ``substeps2`` with two
+  steps a stage)."""
   base = MatmulConfig.wgmma_config(shape, dtype)
   rows = 3 * shape[0] if jnp.dtype(dtype).itemsize == 4 else shape[0]
   steps = shape[2] // 64
@@ -78,10 +81,15 @@ def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
     out.append(("substeps2", dataclasses.replace(base, num_stages=max(2, base.num_stages // 2)),
                 1))
   if base.split_k > 1 and jnp.dtype(dtype).itemsize == 2:
-    if mosaic_gpu_matmul.reduces_in_kernel(base, dtype):
+    if mosaic_gpu_matmul.REDUCE_IN_CLUSTER:
       out.append(("xla_sum", base, in_flight))
     else:
-      out.append(("stages2", dataclasses.replace(base, num_stages=2), in_flight))
+      saved = mosaic_gpu_matmul.REDUCE_IN_CLUSTER
+      mosaic_gpu_matmul.REDUCE_IN_CLUSTER = True
+      fits = mosaic_gpu_matmul.reduces_in_kernel(base, dtype)
+      mosaic_gpu_matmul.REDUCE_IN_CLUSTER = saved
+      out.append(("cluster_sum", base, in_flight) if fits else
+                 ("cluster_sum_stages2", dataclasses.replace(base, num_stages=2), in_flight))
   return out
 
 
@@ -160,7 +168,8 @@ def explore(args) -> None:
         x, p, s, C=C, out_dtype=dtype, config=triton), weights)
     for label, config, in_flight in variants(full, dtype):
       mosaic_gpu_matmul.STEPS_IN_FLIGHT = in_flight  # read when the call is traced
-      mosaic_gpu_matmul.REDUCE_IN_CLUSTER = not label.startswith("xla_sum")
+      if label.startswith(("xla_sum", "cluster_sum")):
+        mosaic_gpu_matmul.REDUCE_IN_CLUSTER = label.startswith("cluster_sum")
       mosaic_gpu_matmul.SUBSTEPS = 2 if label.startswith("substeps2") else default_substeps
       timed(label, lambda x, p, s, config=config: pallas_triton_matmul.ternary_matmul(
           x, p, s, C=C, out_dtype=dtype, config=config), weights,

@@ -7,18 +7,21 @@ register hand-over and the instructions of one pipeline step.
 Each case ``MxOUTxIN[:field=value,...]`` lowers
 :func:`jaxnoise.ops.ternary.mosaic_gpu_matmul.ternary_matmul` (bfloat16 ``x``,
 ``MatmulConfig.wgmma_config``'s tiles with the overrides; ``in_flight=2`` sets
-``STEPS_IN_FLIGHT`` and ``substeps=2`` ``SUBSTEPS``; tiles the config check refuses, such as ``block_n=256``, are
-let through) for CUDA on this machine and compiles it with a PJRT CUDA plugin's XLA
-(:func:`offline_mosaic_ptxas.compile_deviceless`; ``ptxas`` from ``PATH``). It prints
-ptxas's registers and spills, the kernel's ``.maxntid`` and its ``setmaxnreg``
-values from the PTX, and, with ``--nvdisasm`` (the ``nvidia-cuda-nvdisasm``
-wheel), the opcodes of the compute warpgroups' main loop: the SASS block that
-ends with the ``HGMMA`` instructions and branches back.
+``STEPS_IN_FLIGHT`` and ``substeps=2`` ``SUBSTEPS``; tiles the config check refuses,
+such as ``block_n=256``, are let through) for CUDA on this machine and compiles it with a
+PJRT CUDA plugin's XLA (:func:`offline_mosaic_ptxas.compile_deviceless`; ``ptxas`` from
+``PATH``). It prints ptxas's registers and spills, the kernel's ``.maxntid`` and its
+``setmaxnreg`` values from the PTX, and, with ``--nvdisasm`` (the
+``nvidia-cuda-nvdisasm`` wheel), the opcodes of the compute warpgroups' main loop: the
+SASS block that ends with the ``HGMMA`` instructions and branches back (``--show-loop``:
+its instructions).
 
 Found with it (session 34, ptxas 13.5, jax 0.10.2 lowering, the XLA of
 ``jax-cuda13-pjrt`` 0.11.2): two compute warpgroups run at 168 registers
 (``.maxntid 384``; ``setmaxnreg`` 40 / 232), four at 96 (``.maxntid 640``;
-40 / 112); one pipeline step is 212 instructions a thread at 16 rows.
+40 / 112); one pipeline step is 212 instructions a thread at 16 rows. Session 36: with
+two steps in flight, ptxas reuses the last ``HGMMA``'s A registers for the next step's
+loads (undefined behaviour in PTX; ``--show-loop`` at ``256x4096x4096:in_flight=2``).
 """
 
 from __future__ import annotations

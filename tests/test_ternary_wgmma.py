@@ -115,6 +115,7 @@ def test_two_steps_a_stage_lower_for_hopper(monkeypatch, m_rows, dtype):
 
 
 def test_kernel_reduces_where_its_partials_fit(monkeypatch):
+  monkeypatch.setattr(mosaic_gpu_matmul, "REDUCE_IN_CLUSTER", True)
   reduces = mosaic_gpu_matmul.reduces_in_kernel
   config = lambda m_rows, **kw: dataclasses.replace(
       MatmulConfig.wgmma_config((m_rows, 4096, 4096)), **kw)
@@ -191,9 +192,9 @@ def test_heuristic_takes_wgmma_where_it_runs_and_measured_faster(monkeypatch):
   from jaxnoise.ops.ternary.config import matmul as matmul_config  # pylint: disable=g-import-not-at-top
   heuristic = MatmulConfig.get_heuristics_config
   method = lambda m_rows, dtype, **kw: heuristic((m_rows, 4096, 4096), dtype, **kw).method
-  # The measured ranges: 16-bit x at 16-256 rows, float32 at 4-32.
-  for dtype, inside, outside in [(jnp.bfloat16, (16, 32, 100, 129, 256), (1, 8, 15, 257, 1024)),
-                                 (jnp.float16, (16, 256), (8, 512)),
+  # The measured ranges: 16-bit x at 16-1024 rows, float32 at 4-32.
+  for dtype, inside, outside in [(jnp.bfloat16, (16, 32, 100, 129, 256, 1024), (1, 8, 15, 1025)),
+                                 (jnp.float16, (16, 512), (8, 2048)),
                                  (jnp.float32, (4, 32), (1, 3, 33))]:
     assert all(method(m, dtype, wgmma=True) == "wgmma" for m in inside), dtype
     assert all(method(m, dtype, wgmma=True) != "wgmma" for m in outside), dtype

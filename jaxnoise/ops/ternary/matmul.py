@@ -122,7 +122,7 @@ def ternary_matmul(
   The kernel loads the 0.75-byte packed codes and decodes them in registers
   (no dense weight is formed); accumulation is float32. From 65 rows (float32
   ``x``: 4) it decodes ``t`` to a temporary for XLA's GEMM instead. On a
-  Hopper GPU, 16-bit ``x`` of 16-256 rows and float32 ``x`` of 4-32 rows
+  Hopper GPU, 16-bit ``x`` of 16-1024 rows and float32 ``x`` of 4-32 rows
   take a Mosaic GPU kernel whose ``wgmma`` reads ``t`` from registers
   (``MatmulConfig(method="wgmma")``,
   :mod:`jaxnoise.ops.ternary.mosaic_gpu_matmul`). float32 ``x`` keeps every

@@ -28,16 +28,18 @@ memory; no dense weight exists anywhere.
   and one of ``split_k`` slabs of ``in``, so that about one program a
   multiprocessor streams ``W`` at small batches
   (:meth:`~jaxnoise.ops.ternary.config.MatmulConfig.wgmma_config`).
-* **Epilogue.** For 16-bit ``x`` the kernel gives ``y`` itself
-  (:func:`reduces_in_kernel`). The ``split_k`` programs of one tile form a
-  cluster; each leaves its float32 partial product in its shared memory, and
-  the first sums the others' through distributed shared memory, scales the
-  rows (``scale`` read in the accumulator's row layout), casts to the output
-  dtype and stores ``y``'s ``(block_m, 64)`` tile from registers: each
-  thread's pairs run along ``W``'s rows (``WGMMA_TRANSPOSED``, one shuffle a
-  register), so a warp's stores fill whole 32-byte sectors of ``y``. Where the
-  partials do not fit, and for float32 ``x``, the partial products go out as
-  ``y^T`` and one XLA fusion sums them, scales the rows and transposes.
+* **Epilogue.** For 16-bit ``x`` in one slab the kernel gives ``y`` itself
+  (:func:`reduces_in_kernel`): it scales the accumulator's rows (``scale``
+  read in the accumulator's row layout), casts to the output dtype and stores
+  ``y``'s ``(block_m, 64)`` tile from registers. Each thread's pairs run along
+  ``W``'s rows (``WGMMA_TRANSPOSED``, one shuffle a register), so a warp's
+  stores fill whole 32-byte sectors of ``y``. With :data:`REDUCE_IN_CLUSTER`
+  (off by default, not yet compiled on a GPU) the ``split_k`` programs of a
+  tile form a cluster: each leaves its float32 partial product in its shared
+  memory, and the first sums the others' through distributed shared memory
+  before the same epilogue. Otherwise, and for float32 ``x``, the partial
+  products go out as ``y^T`` and one XLA fusion sums them, scales the rows and
+  transposes.
 * **dtypes.** bfloat16 and float16 ``x`` meet ``t`` in their own dtype
   (``t`` is exact in both); float32 ``x`` enters as its three bfloat16 pieces
   (:func:`jaxnoise.ops.ternary.pallas_triton_matmul.bf16_pieces`, stacked
@@ -88,8 +90,12 @@ STEPS_IN_FLIGHT = 1
 # late.
 SUBSTEPS = 1
 # Slabs of ``in`` summed in the kernel, through a cluster's distributed shared memory (else
-# XLA sums their float32 partial products, scales and transposes: a second kernel).
-REDUCE_IN_CLUSTER = True
+# XLA sums their float32 partial products, scales and transposes: a second kernel, 1.5-4 us).
+# Off until compiled on a GPU: session 36's first version (plgpu.cluster_ref) lowered with jax
+# 0.10.2 but not 0.11.2; the loader that replaced it (_load_peer_tile) compiles offline (ptxas,
+# the XLA of jax-cuda13-pjrt 0.11.2) and was not lent a GPU. Its tests and
+# benchmarks/gpu_session36_run3.sh are ready.
+REDUCE_IN_CLUSTER = False
 MAX_CLUSTER = 8  # the portable cluster size
 HOPPER_SHARED_MEMORY = 232448  # bytes a block may opt in to (H100, H200)
 _SHARED_MEMORY_SLACK = 2048  # the pipeline's barriers and alignment
@@ -168,9 +174,9 @@ def reduces_in_kernel(config: MatmulConfig, dtype) -> bool:
   most :data:`MAX_CLUSTER` slabs whose partial products fit beside the pipeline's buffers.
 
   Example:
-    >>> reduces_in_kernel(MatmulConfig.wgmma_config((16, 4096, 4096)), jnp.bfloat16)
+    >>> reduces_in_kernel(MatmulConfig.wgmma_config((1024, 4096, 4096)), jnp.bfloat16)
     True
-    >>> reduces_in_kernel(MatmulConfig.wgmma_config((16, 4096, 4096)), jnp.float32)
+    >>> reduces_in_kernel(MatmulConfig.wgmma_config((1024, 4096, 4096)), jnp.float32)
     False
   """
   if jnp.dtype(dtype).itemsize != 2:

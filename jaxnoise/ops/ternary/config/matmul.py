@@ -60,10 +60,12 @@ _WGMMA_UNUSED_FIELDS = ("num_warps", "allow_tf32", "word_loads", "x_vector_loads
 # (MatmulConfig.get_heuristics_config). Outside them, or with None, it is opt-in
 # (MatmulConfig.wgmma_config). 16-bit x (H100, device us, 4096^2 / 8192^2): session 33 at
 # 32-128 rows; session 35 at 16 rows 12.2 / 32.2 against the Triton dot tiles' 13.4 / 40.1,
-# and at 256 rows 28.0 / 66.9 against decode-then-matmul's 34.8 / 128.5. At 1024 rows
-# decode-then-matmul stays (62.3 against 66.4 at 4096^2); at 4 rows the Triton tiles
-# (session 33: 13.2 / 38.5 against 16.8 / 41.2).
-WGMMA_DEFAULT_ROWS: dict[int, tuple[int, int]] | None = {2: (16, 256), 4: (4, 32)}
+# and at 256 rows 28.0 / 66.9 against decode-then-matmul's 34.8 / 128.5. Session 36 (x in
+# its own order, the kernel's own epilogue at one slab, one step in flight): at 1024 rows
+# 55.5 against decode-then-matmul's 62.2 at 4096^2 (8192^2 not measured); at 256 rows 25.7 /
+# 63.8 against 34.6 / 125.8. At 4 rows the Triton tiles stay (session 33: 13.2 / 38.5 against
+# 16.8 / 41.2).
+WGMMA_DEFAULT_ROWS: dict[int, tuple[int, int]] | None = {2: (16, 1024), 4: (4, 32)}
 
 
 def _prefers_wgmma(m_rows: int, itemsize: int) -> bool:
@@ -211,7 +213,7 @@ class MatmulConfig:
     ``out % 128 == 0``, ``in % 64 == 0``:
     :func:`jaxnoise.ops.ternary.mosaic_gpu_matmul.unsupported_reason`); it is
     then taken for the rows in :data:`WGMMA_DEFAULT_ROWS` (:meth:`wgmma_config`),
-    16-bit ``x`` at 16-256 rows and float32 ``x`` at 4-32, and the Triton
+    16-bit ``x`` at 16-1024 rows and float32 ``x`` at 4-32, and the Triton
     paths below elsewhere. Session 33 (H100, jax 0.11.2, device time,
     4096^2 / 8192^2; ``benchmarks/RESULTS.md``), the kernel against this
     method's Triton choice:
