@@ -353,7 +353,8 @@ def _kernel(packed_gmem, x_gmem, *refs, lv: int, config: MatmulConfig, dtype):
     for sub in range(substeps):  # A's two register sets: a wgmma waits for the other set's
       a = decode(packed_smem.at[pl.ds(wg * ROWS, ROWS), pl.ds(sub * STEP_BYTES, STEP_BYTES)])
       plgpu.wgmma(acc, a, x_smem.at[:, pl.ds(sub * STEP, STEP)].transpose((1, 0)))
-      plgpu.wgmma_wait(1)
+      # The stage's last wgmma stays in flight only if its buffers are released late.
+      plgpu.wgmma_wait(1 if sub < substeps - 1 else delay)
     return acc
 
   def store_y(y_t, wg_rows):
