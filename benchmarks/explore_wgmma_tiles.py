@@ -83,13 +83,10 @@ def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
   if base.split_k > 1 and jnp.dtype(dtype).itemsize == 2:
     if mosaic_gpu_matmul.REDUCE_IN_CLUSTER:
       out.append(("xla_sum", base, in_flight))
+    elif mosaic_gpu_matmul.cluster_partials_fit(base):
+      out.append(("cluster_sum", base, in_flight))
     else:
-      saved = mosaic_gpu_matmul.REDUCE_IN_CLUSTER
-      mosaic_gpu_matmul.REDUCE_IN_CLUSTER = True
-      fits = mosaic_gpu_matmul.reduces_in_kernel(base, dtype)
-      mosaic_gpu_matmul.REDUCE_IN_CLUSTER = saved
-      out.append(("cluster_sum", base, in_flight) if fits else
-                 ("cluster_sum_stages2", dataclasses.replace(base, num_stages=2), in_flight))
+      out.append(("cluster_sum_stages2", dataclasses.replace(base, num_stages=2), in_flight))
   return out
 
 

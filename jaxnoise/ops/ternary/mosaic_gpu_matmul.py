@@ -70,7 +70,8 @@ from jaxnoise.ops import _mosaic
 from jaxnoise.ops.ternary.config.matmul import WGMMA_BLOCK_NS, WGMMA_STEP, MatmulConfig
 
 __all__ = ["config_reason", "decode_model", "decode_pair", "pair_constants",
-           "reduces_in_kernel", "ternary_matmul", "unsupported_reason"]
+           "cluster_partials_fit", "reduces_in_kernel", "ternary_matmul",
+           "unsupported_reason"]
 
 STEP = WGMMA_STEP  # features per pipeline step (a row's 48 packed bytes)
 STEP_BYTES = 3 * STEP // 4
@@ -97,7 +98,6 @@ SUBSTEPS = 1
 # benchmarks/gpu_session36_run3.sh are ready.
 REDUCE_IN_CLUSTER = False
 MAX_CLUSTER = 8  # the portable cluster size
-HOPPER_SHARED_MEMORY = 232448  # bytes a block may opt in to (H100, H200)
 _SHARED_MEMORY_SLACK = 2048  # the pipeline's barriers and alignment
 
 
@@ -171,7 +171,7 @@ def config_reason(config: MatmulConfig, out_features: int, in_features: int) -> 
 def reduces_in_kernel(config: MatmulConfig, dtype) -> bool:
   """Whether the kernel gives ``y`` itself (scaled, cast, its slabs summed), with no XLA
   epilogue: 16-bit ``x``, and one slab or (with :data:`REDUCE_IN_CLUSTER`) a cluster of at
-  most :data:`MAX_CLUSTER` slabs whose partial products fit beside the pipeline's buffers.
+  most :data:`MAX_CLUSTER` slabs whose partial products fit (:func:`cluster_partials_fit`).
 
   Example:
     >>> reduces_in_kernel(MatmulConfig.wgmma_config((1024, 4096, 4096)), jnp.bfloat16)
@@ -181,14 +181,24 @@ def reduces_in_kernel(config: MatmulConfig, dtype) -> bool:
   """
   if jnp.dtype(dtype).itemsize != 2:
     return False
-  if config.split_k == 1:
-    return True
-  if not REDUCE_IN_CLUSTER or config.split_k > MAX_CLUSTER:
+  return config.split_k == 1 or (REDUCE_IN_CLUSTER and cluster_partials_fit(config))
+
+
+def cluster_partials_fit(config: MatmulConfig) -> bool:
+  """Whether ``config``'s slabs (16-bit ``x``) can be summed in a cluster: at most
+  :data:`MAX_CLUSTER` of them, their float32 partial products beside the pipeline's buffers
+  in one program's shared memory.
+
+  Example:
+    >>> cluster_partials_fit(MatmulConfig.wgmma_config((16, 4096, 4096)))
+    True
+  """
+  if config.split_k > MAX_CLUSTER:
     return False
   pipeline = config.num_stages * SUBSTEPS * (config.block_n * STEP_BYTES
                                              + config.block_m * STEP * 2)
   partials = config.block_n * config.block_m * 4
-  return pipeline + partials <= HOPPER_SHARED_MEMORY - _SHARED_MEMORY_SLACK
+  return pipeline + partials <= _mosaic.SHARED_MEMORY_BYTES - _SHARED_MEMORY_SLACK
 
 
 # ----------------------------------------------------------------------------
@@ -247,6 +257,21 @@ def decode_pair(raw, lv: int, dtype, ops=None):
   return ops["or_"](magnitude, sign)
 
 
+def _thread_place(const):
+  """``(first_row, c)`` of this thread in a warpgroup's WGMMA register layout: it holds rows
+  ``first_row`` and ``first_row + 8`` and, in each 8-wide column tile, columns ``2c, 2c+1``
+  (``const(v)``: an int32 constant)."""
+  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir.dialects import arith
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  # pylint: enable=g-import-not-at-top
+  tid = mgpu_utils.thread_idx()
+  lane = arith.remui(tid, const(32))
+  warp = arith.remui(arith.divui(tid, const(32)), const(4))
+  first_row = arith.addi(arith.muli(warp, const(16)), arith.divui(lane, const(4)))
+  return first_row, arith.remui(lane, const(4))
+
+
 def _decode(lv: int, dtype):
   """The inline Mosaic GPU decode of a warpgroup's ``(64, 48)`` packed bytes to its
   ``(64, 64)`` ternary ``A`` (``dtype``) in the WGMMA register layout."""
@@ -255,7 +280,6 @@ def _decode(lv: int, dtype):
   from jax._src.lib.mlir.dialects import arith, vector
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.mosaic.gpu import fragmented_array as fa
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils
   # pylint: enable=g-import-not-at-top
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),),
@@ -271,11 +295,7 @@ def _decode(lv: int, dtype):
                                                              else v))
     ops = dict(const=const, shl=lambda x, n: arith.shli(x, const(n)), and_=arith.andi,
                or_=arith.ori, xor=arith.xori, add=arith.addi, mul=arith.muli)
-    tid = mgpu_utils.thread_idx()
-    lane = arith.remui(tid, const(32))
-    warp = arith.remui(arith.divui(tid, const(32)), const(4))
-    c = arith.remui(lane, const(4))
-    first_row = arith.addi(arith.muli(warp, const(16)), arith.divui(lane, const(4)))
+    first_row, c = _thread_place(const)
     regs = np.empty(fa.WGMMA_LAYOUT.registers_shape((ROWS, STEP)), dtype=object)
     i64 = ir.IntegerType.get_signless(64)
     quad_bytes = ir.VectorType.get((16,), i8)
@@ -295,14 +315,13 @@ def _decode(lv: int, dtype):
         words += [vector.extract(raw, dynamic_position=[], static_position=[e])
                   for e in range(4)]
       for k in range(8):
-        first, _ = divmod(48 * k, 32)
+        first = 48 * k // 32
         window = arith.ori(wide(words[first]),
                            arith.shli(wide(words[first + 1]), arith.constant(
                                i64, ir.IntegerAttr.get(i64, 32))))
         pair = arith.trunci(i32, arith.shrui(window, shifts[k % 2]))
         bits = decode_pair(pair, lv, dtype, ops)
-        j, tile_half = divmod(k, 2)
-        regs[(0, 2 * j + tile_half, 0, 0, half, 0, 0, 0, 0)] = vector.bitcast(
+        regs[(0, k, 0, 0, half, 0, 0, 0, 0)] = vector.bitcast(
             pair_type, vector.broadcast(one_word, bits))
     return mgpu.FragmentedArray(_registers=regs, _layout=fa.WGMMA_LAYOUT, _is_signed=None)
 
@@ -457,15 +476,11 @@ def _load_peer_tile(partial_smem, peer: int) -> jax.Array:
     f32 = ir.F32Type.get()
     const = lambda v: arith.constant(i32, ir.IntegerAttr.get(i32, v))
     remote = nvvm.mapa(llvm.PointerType.get(7), mgpu_utils.memref_ptr(ref), const(peer))
-    tid = mgpu_utils.thread_idx()
-    lane = arith.remui(tid, const(32))
-    warp = arith.remui(arith.divui(tid, const(32)), const(4))
-    first_row = arith.addi(arith.muli(warp, const(16)), arith.divui(lane, const(4)))
-    first = arith.addi(arith.muli(first_row, const(cols)),
-                       arith.muli(arith.remui(lane, const(4)), const(2)))
+    first_row, c = _thread_place(const)
+    first = arith.addi(arith.muli(first_row, const(cols)), arith.muli(c, const(2)))
     pair = ir.VectorType.get((2,), f32)
     regs = np.empty(fa.WGMMA_LAYOUT.registers_shape((ROWS, cols)), dtype=object)
-    for tile in range(cols // 8):  # columns 8 tile + 2 (lane % 4) + (0, 1)
+    for tile in range(cols // 8):  # columns 8 tile + 2 c + (0, 1)
       for half in range(2):  # rows first_row + 8 half
         at = arith.addi(first, const(8 * half * cols + 8 * tile))
         regs[(0, tile, 0, 0, half, 0, 0, 0, 0)] = llvm.load(
@@ -490,7 +505,7 @@ def _cluster_fence():
   fence()
 
 
-def _call(x16, packed, scale, *, C: int, config: MatmulConfig, out_dtype: Any):
+def _call(x16, packed, scale=None, *, C: int, config: MatmulConfig, out_dtype: Any = None):
   """The kernel on 16-bit ``x16`` padded to the batch tile: ``y`` ``(M, out)`` in
   ``out_dtype`` if ``scale`` is given, else the unscaled ``x16 t^T`` in float32, its slabs
   summed by XLA."""
@@ -521,10 +536,10 @@ def ternary_matmul(x, packed, scale, *, C: int, out_dtype: Any, config: MatmulCo
   m_rows = x.shape[0]
   if jnp.dtype(x.dtype) == jnp.dtype(jnp.float32):
     pieces = jnp.concatenate(pallas_triton_matmul.bf16_pieces(x), axis=0)
-    y = _call(pieces, packed, None, C=C, config=config, out_dtype=jnp.float32)
+    y = _call(pieces, packed, C=C, config=config)
     y = y.reshape(3, m_rows, -1).sum(0)
   elif reduces_in_kernel(config, x.dtype):  # the kernel scales, casts and stores y itself
     return _call(x, packed, scale, C=C, config=config, out_dtype=out_dtype)
   else:
-    y = _call(x, packed, None, C=C, config=config, out_dtype=jnp.float32)
+    y = _call(x, packed, C=C, config=config)
   return (y * scale.astype(jnp.float32)[None, :]).astype(out_dtype)
