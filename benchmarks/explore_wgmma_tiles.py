@@ -7,24 +7,25 @@ Each ``(M, out, in)`` case times, in device time (CUPTI) and side by side:
   among the Triton paths alone (what the library ran before the kernel);
 * the kernel at :meth:`MatmulConfig.wgmma_config`'s tiles with the default
   steps in flight (``base``);
-* ``in_flight1`` (or ``in_flight2``): the other number of steps whose
-  ``wgmma`` stays in flight while the warpgroup decodes the next step
-  (``mosaic_gpu_matmul.STEPS_IN_FLIGHT``; 2 in session 35, back to 1 in session 36: two
-  are undefined behaviour in PTX, and gave NaN with 128- and 256-row tiles);
 * from 129 rows, ``bm128`` (or ``bm256``): the other of the two widest batch
   tiles at the same number of programs (the heuristic takes 256 since
   session 35: each program's codes decoded once for 256 rows, not twice);
 * the split along ``in`` halved and doubled;
-* ``substeps2``: two 64-deep steps a pipeline stage, at half the stages (the same shared
-  memory), A alternating between two register sets (``mosaic_gpu_matmul.SUBSTEPS``);
+* ``substeps2`` (or ``substeps1``): the other number of 64-deep steps a pipeline buffer
+  (``MatmulConfig.substeps``) at the same steps in buffers (the same shared memory): with
+  two, A alternates between two register sets (the heuristic's choice up to 16-row tiles
+  since session 37). Two steps in flight on one register set (session 35's
+  ``STEPS_IN_FLIGHT = 2``) are undefined behaviour in PTX and no longer a variant;
 * where the heuristic splits ``in``, the other way of summing the slabs
   (``mosaic_gpu_matmul.REDUCE_IN_CLUSTER``, session 36): ``cluster_sum`` (in the
   kernel, through a cluster's shared memory) or ``xla_sum``; where the partials do not
   fit beside the stages, ``stages2``: 2 stages, summed in a cluster.
 
-Every variant is screened against the reference first. Example::
+Every variant is screened against the reference first. ``--variants`` keeps only the
+labels named (``dense`` and ``triton`` are the references). Example::
 
-  PYTHONPATH=. python3 benchmarks/explore_wgmma_tiles.py --cases 16x4096x4096,256x8192x8192
+  PYTHONPATH=. python3 benchmarks/explore_wgmma_tiles.py --cases 16x4096x4096,256x8192x8192 \
+      --variants dense,triton,base,substeps1
 """
 
 from __future__ import annotations
@@ -60,33 +61,35 @@ def _with_programs(config: MatmulConfig, shape, dtype, programs: int = 128) -> M
                              num_stages=max(1, min(config.num_stages, steps // split)))
 
 
-def variants(shape, dtype) -> list[tuple[str, MatmulConfig, int]]:
-  """``(label, config, steps in flight)`` of one case, the heuristic's tiles first (labels
-  ``xla_sum`` / ``cluster_sum*`` run with the cluster's sum off / on, ``substeps2`` with two
-  steps a stage)."""
+def variants(shape, dtype) -> list[tuple[str, MatmulConfig]]:
+  """``(label, config)`` of one case, the heuristic's tiles first (labels ``xla_sum`` /
+  ``cluster_sum*`` run with the cluster's sum off / on)."""
   base = MatmulConfig.wgmma_config(shape, dtype)
   rows = 3 * shape[0] if jnp.dtype(dtype).itemsize == 4 else shape[0]
   steps = shape[2] // 64
-  in_flight = mosaic_gpu_matmul.STEPS_IN_FLIGHT  # the default (1 or 2)
-  out = [("base", base, in_flight), (f"in_flight{3 - in_flight}", base, 3 - in_flight)]
+  out = [("base", base)]
   if rows > 128:  # the other of the two widest batch tiles, at the same number of programs
     other = 128 if base.block_m == 256 else 256
     tiles = _with_programs(dataclasses.replace(base, block_m=other, num_stages=4), shape, dtype)
-    out.append((f"bm{other}", tiles, in_flight))
+    if steps // tiles.split_k % base.substeps == 0:
+      out.append((f"bm{other}", tiles))
   for split in (base.split_k // 2, base.split_k * 2):
-    if split and steps % split == 0 and steps // split >= 2:
-      out.append((f"split{split}", dataclasses.replace(
-          base, split_k=split, num_stages=max(1, min(base.num_stages, steps // split))), 1))
-  if steps // base.split_k % 2 == 0:  # two steps a stage, the same shared memory
-    out.append(("substeps2", dataclasses.replace(base, num_stages=max(2, base.num_stages // 2)),
-                1))
+    slab = steps // split if split else 0
+    if split and steps % split == 0 and slab >= 2 and slab % base.substeps == 0:
+      stages = max(1, min(base.num_stages, slab // base.substeps))
+      out.append((f"split{split}", dataclasses.replace(base, split_k=split, num_stages=stages)))
+  other = 3 - base.substeps
+  if steps // base.split_k % other == 0:  # the same steps in buffers
+    buffered = base.num_stages * base.substeps
+    out.append((f"substeps{other}", dataclasses.replace(
+        base, substeps=other, num_stages=max(1, buffered // other))))
   if base.split_k > 1 and jnp.dtype(dtype).itemsize == 2:
     if mosaic_gpu_matmul.REDUCE_IN_CLUSTER:
-      out.append(("xla_sum", base, in_flight))
+      out.append(("xla_sum", base))
     elif mosaic_gpu_matmul.cluster_partials_fit(base):
-      out.append(("cluster_sum", base, in_flight))
+      out.append(("cluster_sum", base))
     else:
-      out.append(("cluster_sum_stages2", dataclasses.replace(base, num_stages=2), in_flight))
+      out.append(("cluster_sum_stages2", dataclasses.replace(base, num_stages=2)))
   return out
 
 
@@ -99,6 +102,9 @@ def main(argv=None) -> None:
   parser.add_argument("--inner", type=int, default=3, help="calls per timed group")
   parser.add_argument("--budget", type=float, default=300.0, help="seconds; skips the rest")
   parser.add_argument("--out", default=None, help="JSON file")
+  parser.add_argument("--variants", default=None,
+                      help="comma-separated labels to run (dense, triton, base, ...); all if "
+                           "unset")
   args = parser.parse_args(argv)
   if mosaic_gpu_matmul.unsupported_reason(1, 128, 64, jnp.bfloat16) is not None:
     raise SystemExit("needs a Hopper GPU")
@@ -108,9 +114,8 @@ def main(argv=None) -> None:
 def explore(args) -> None:
   """Times every case's variants (``main``'s arguments)."""
   dtype = jnp.dtype(args.x_dtype)
-  default_in_flight = mosaic_gpu_matmul.STEPS_IN_FLIGHT
   default_in_cluster = mosaic_gpu_matmul.REDUCE_IN_CLUSTER
-  default_substeps = mosaic_gpu_matmul.SUBSTEPS
+  wanted = None if args.variants is None else set(args.variants.split(","))
   cases = [tuple(int(d) for d in case.split("x")) for case in args.cases.split(",")]
   start = time.time()
   results = {"facts": _harness.device_facts(), "rows": []}
@@ -138,6 +143,8 @@ def explore(args) -> None:
     def timed(label, call, operands, screen=True, **extra):
       if time.time() - start > args.budget:
         return
+      if wanted is not None and label.split("_")[0] not in wanted and label not in wanted:
+        return
       row = {"M": m_rows, "shape": f"{shape[0]}x{shape[1]}", "label": label, **extra}
       jitted = jax.jit(lambda xs, ws: [call(x, *ws[i % len(ws)]) for i, x in enumerate(xs)])
       try:
@@ -163,20 +170,16 @@ def explore(args) -> None:
     triton = MatmulConfig.get_heuristics_config(full, dtype, wgmma=False)  # Triton paths only
     timed(f"triton_{triton.method}", lambda x, p, s: pallas_triton_matmul.ternary_matmul(
         x, p, s, C=C, out_dtype=dtype, config=triton), weights)
-    for label, config, in_flight in variants(full, dtype):
-      mosaic_gpu_matmul.STEPS_IN_FLIGHT = in_flight  # read when the call is traced
+    for label, config in variants(full, dtype):
       if label.startswith(("xla_sum", "cluster_sum")):
         mosaic_gpu_matmul.REDUCE_IN_CLUSTER = label.startswith("cluster_sum")
-      mosaic_gpu_matmul.SUBSTEPS = 2 if label.startswith("substeps2") else default_substeps
       timed(label, lambda x, p, s, config=config: pallas_triton_matmul.ternary_matmul(
           x, p, s, C=C, out_dtype=dtype, config=config), weights,
           config=dict(block_m=config.block_m, block_n=config.block_n,
                       split_k=config.split_k, num_stages=config.num_stages,
-                      in_flight=in_flight,
+                      substeps=config.substeps,
                       in_kernel_sum=mosaic_gpu_matmul.reduces_in_kernel(config, dtype)))
-      mosaic_gpu_matmul.STEPS_IN_FLIGHT = default_in_flight
       mosaic_gpu_matmul.REDUCE_IN_CLUSTER = default_in_cluster
-      mosaic_gpu_matmul.SUBSTEPS = default_substeps
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
 

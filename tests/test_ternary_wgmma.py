@@ -100,12 +100,11 @@ def test_kernel_variants_lower_for_hopper(fields, dtype):
 
 @pytest.mark.parametrize("m_rows,dtype", [(5, jnp.bfloat16), (300, jnp.bfloat16),
                                           (40, jnp.float32)])
-def test_two_steps_a_stage_lower_for_hopper(monkeypatch, m_rows, dtype):
-  monkeypatch.setattr(mosaic_gpu_matmul, "SUBSTEPS", 2)
+def test_two_steps_a_stage_lower_for_hopper(m_rows, dtype):
   config = dataclasses.replace(MatmulConfig.wgmma_config((m_rows, 512, 2048), dtype),
-                               num_stages=2)
+                               num_stages=2, substeps=2)
   assert mosaic_gpu_matmul.config_reason(config, 512, 2048) is None
-  assert "multiple of SUBSTEPS" in mosaic_gpu_matmul.config_reason(
+  assert "multiple of substeps = 2" in mosaic_gpu_matmul.config_reason(
       dataclasses.replace(config, split_k=1), 512, 192)
   fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=dtype,
                                  config=config))
@@ -145,6 +144,13 @@ def test_wgmma_configs_tile_as_documented():
   for m_rows in (1, 3, 64, 1000):
     config = MatmulConfig.wgmma_config((m_rows, 512, 2048))
     assert mosaic_gpu_matmul.config_reason(config, 512, 2048) is None
+  # Two steps a buffer up to 16-row tiles (half the buffers), where a slab's steps are even.
+  for m_rows, shape, substeps, stages in [(16, (4096, 4096), 2, 4), (17, (4096, 4096), 1, 4),
+                                          (9, (8192, 8192), 2, 4), (2, (128, 576), 1, 8),
+                                          (1024, (4096, 4096), 1, 4)]:
+    config = MatmulConfig.wgmma_config((m_rows, *shape))
+    assert (config.substeps, config.num_stages) == (substeps, stages), m_rows
+    assert mosaic_gpu_matmul.config_reason(config, *shape) is None
 
 
 @pytest.mark.parametrize("fields,match", [
@@ -153,10 +159,17 @@ def test_wgmma_configs_tile_as_documented():
     (dict(block_m=4), r"block_m must be in \[8, 256\]"),
     (dict(block_m=512), r"block_m must be in \[8, 256\]"),
     (dict(allow_tf32=True), "does not use allow_tf32"),
-    (dict(num_warps=8, interleave_lanes=True), "does not use num_warps, interleave_lanes")])
+    (dict(num_warps=8, interleave_lanes=True), "does not use num_warps, interleave_lanes"),
+    (dict(substeps=3), r"substeps must be one of \(1, 2\)"),
+    (dict(substeps=True), "substeps must be one of")])
 def test_wgmma_config_rejects_other_tiles(fields, match):
   with pytest.raises(ValueError, match=match):
     dataclasses.replace(MatmulConfig.wgmma_config((8, 256, 256)), **fields)
+
+
+def test_substeps_belong_to_wgmma():
+  with pytest.raises(ValueError, match="substeps is read by method='wgmma' only"):
+    MatmulConfig(method="dot", substeps=2)
 
 
 def test_wgmma_config_off_hopper_says_why(rng):
@@ -269,15 +282,13 @@ def test_compiled_kernel_variants_give_exact_products(rng, fields, m_rows, dtype
 @pytest.mark.parametrize("m_rows,dtype,block_m", [(5, jnp.bfloat16, None),
                                                   (130, jnp.float16, None),
                                                   (300, jnp.bfloat16, 256), (40, jnp.float32, None)])
-def test_compiled_two_steps_a_stage_give_exact_products(rng, monkeypatch, m_rows, dtype,
-                                                        block_m):
-  """``SUBSTEPS = 2``: A alternating between two register sets, bit for bit."""
+def test_compiled_two_steps_a_stage_give_exact_products(rng, m_rows, dtype, block_m):
+  """``substeps = 2``: A alternating between two register sets, bit for bit."""
   _needs_hopper()
-  monkeypatch.setattr(mosaic_gpu_matmul, "SUBSTEPS", 2)
   codes, packed, scale = _random_layer(rng, 512, 2048, 3)
   x_int = rng.integers(-4, 5, (m_rows, 2048))
   base = MatmulConfig.wgmma_config((m_rows, 512, 2048), dtype)
-  config = dataclasses.replace(base, block_m=block_m or base.block_m, num_stages=2)
+  config = dataclasses.replace(base, block_m=block_m or base.block_m, num_stages=2, substeps=2)
   y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=3,
                              out_dtype=jnp.float32, implementation="pallas", config=config)
   np.testing.assert_array_equal(np.asarray(y), exact_product(x_int, codes, 3, scale))

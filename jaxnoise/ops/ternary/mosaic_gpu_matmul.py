@@ -28,13 +28,18 @@ memory; no dense weight exists anywhere.
   and one of ``split_k`` slabs of ``in``, so that about one program a
   multiprocessor streams ``W`` at small batches
   (:meth:`~jaxnoise.ops.ternary.config.MatmulConfig.wgmma_config`).
+* **Overlap.** A ``wgmma`` reads ``A`` from registers, which must not change
+  until a ``wgmma.wait_group`` covers it. With ``MatmulConfig.substeps = 2`` a
+  pipeline buffer holds two 64-deep steps and ``A`` alternates between two
+  register sets, so one set's decode overlaps the other's ``wgmma`` (the
+  heuristic's choice up to 16-row tiles: 8-11% faster there on an H100).
 * **Epilogue.** For 16-bit ``x`` in one slab the kernel gives ``y`` itself
   (:func:`reduces_in_kernel`): it scales the accumulator's rows (``scale``
   read in the accumulator's row layout), casts to the output dtype and stores
   ``y``'s ``(block_m, 64)`` tile from registers. Each thread's pairs run along
   ``W``'s rows (``WGMMA_TRANSPOSED``, one shuffle a register), so a warp's
   stores fill whole 32-byte sectors of ``y``. With :data:`REDUCE_IN_CLUSTER`
-  (off by default, not yet compiled on a GPU) the ``split_k`` programs of a
+  (off by default: correct on an H100, but slower) the ``split_k`` programs of a
   tile form a cluster: each leaves its float32 partial product in its shared
   memory, and the first sums the others' through distributed shared memory
   before the same epilogue. Otherwise, and for float32 ``x``, the partial
@@ -83,19 +88,14 @@ ROWS = 64  # rows of W per compute warpgroup (MatmulConfig.block_n / ROWS warpgr
 # But 2 is undefined behaviour in PTX: the next step's decode writes the registers of A (the
 # same virtual registers, in a loop) while the last wgmma may still read them. Session 36:
 # ptxas put the next step's shared-memory loads in those registers, and 256-row tiles gave NaN
-# (16-row tiles' short wgmmas finished first). So 1, until A alternates between two sets.
+# (16-row tiles' short wgmmas finished first). So 1; the legal overlap is MatmulConfig.substeps
+# = 2 (A alternates between two register sets; the heuristic's choice up to 16-row tiles).
 STEPS_IN_FLIGHT = 1
-# 64-deep steps a pipeline stage holds (1 or 2). With 2, A alternates between two register sets,
-# each step's decode overlapping the other set's wgmma legally (each wgmma waits for the one
-# before it, whose registers the next decode writes); the stage's buffers are released a stage
-# late.
-SUBSTEPS = 1
 # Slabs of ``in`` summed in the kernel, through a cluster's distributed shared memory (else
 # XLA sums their float32 partial products, scales and transposes: a second kernel, 1.5-4 us).
-# Off until compiled on a GPU: session 36's first version (plgpu.cluster_ref) lowered with jax
-# 0.10.2 but not 0.11.2; the loader that replaced it (_load_peer_tile) compiles offline (ptxas,
-# the XLA of jax-cuda13-pjrt 0.11.2) and was not lent a GPU. Its tests and
-# benchmarks/gpu_session36_run3.sh are ready.
+# Correct on an H100 (session 37: the exact-product tests passed under jax 0.11.2) but slower:
+# bf16, device us, against XLA's sum: 4096^2 M=16 20.4 against 10.6, M=4 22.2 against 13.5;
+# 8192^2 M=16 32.1 against 33.4, M=8 31.2 against 33.1, M=1 34.0 against 34.4. So off.
 REDUCE_IN_CLUSTER = False
 MAX_CLUSTER = 8  # the portable cluster size
 _SHARED_MEMORY_SLACK = 2048  # the pipeline's barriers and alignment
@@ -162,9 +162,9 @@ def config_reason(config: MatmulConfig, out_features: int, in_features: int) -> 
   steps = in_features // STEP
   if steps % config.split_k:
     return f"split_k = {config.split_k} does not divide in / {STEP} = {steps}"
-  if steps // config.split_k % SUBSTEPS:
+  if steps // config.split_k % config.substeps:
     return (f"a slab's {steps // config.split_k} steps of {STEP} inputs are not a multiple of "
-            f"SUBSTEPS = {SUBSTEPS}")
+            f"substeps = {config.substeps}")
   return None
 
 
@@ -195,7 +195,7 @@ def cluster_partials_fit(config: MatmulConfig) -> bool:
   """
   if config.split_k > MAX_CLUSTER:
     return False
-  pipeline = config.num_stages * SUBSTEPS * (config.block_n * STEP_BYTES
+  pipeline = config.num_stages * config.substeps * (config.block_n * STEP_BYTES
                                              + config.block_m * STEP * 2)
   partials = config.block_n * config.block_m * 4
   return pipeline + partials <= _mosaic.SHARED_MEMORY_BYTES - _SHARED_MEMORY_SLACK
@@ -340,7 +340,7 @@ def _kernel(packed_gmem, x_gmem, *refs, lv: int, config: MatmulConfig, dtype):
   scale_gmem, out_gmem = refs if len(refs) == 2 else (None, *refs)
   batch, n_in = x_gmem.shape
   splits, batch_tile, block_n = config.split_k, config.block_m, config.block_n
-  substeps = SUBSTEPS
+  substeps = config.substeps
   steps = n_in // (STEP * substeps) // splits
   stages = min(config.num_stages, steps)
   # A step's wgmmas stay in flight while the next step is decoded: its buffers are released
@@ -523,7 +523,9 @@ def _call(x16, packed, scale=None, *, C: int, config: MatmulConfig, out_dtype: A
     return call(packed, x_rows, scale.astype(jnp.float32))[:m_rows]
   call = kernel(out_type=jax.ShapeDtypeStruct((config.split_k, n_out, padded), jnp.float32),
                 grid=(tiles * config.split_k,))
-  return call(packed, x_rows).sum(0).T[:m_rows]
+  # The pad's rows cut before the sum: XLA then fuses the sum, transpose, scale and cast into
+  # one kernel (cut after the transpose, the cast was a kernel of its own: 1.5 us at 4 rows).
+  return call(packed, x_rows)[:, :, :m_rows].sum(0).T
 
 
 def ternary_matmul(x, packed, scale, *, C: int, out_dtype: Any, config: MatmulConfig):

@@ -47,6 +47,13 @@ WGMMA_BLOCK_NS = (128,)
 WGMMA_BLOCK_N = WGMMA_BLOCK_NS[0]
 WGMMA_STEP = 64
 WGMMA_MAX_BLOCK_M = 256
+WGMMA_SUBSTEPS = (1, 2)
+# The heuristic's batch tiles (rows) up to which a buffer holds two 64-deep steps (substeps=2)
+# at half the buffers. Session 37 (H100, bf16, device us, against one step a buffer): 4096^2
+# M=16 9.8 against 10.6 (kernel 8.35 / 9.1), M=4 12.3 / 13.5; 8192^2 M=16 29.6 / 33.4, M=8
+# 28.9 / 33.1, M=1 30.2 / 34.4; but M=1024 (256-row tiles, 4 buffers against 2) 79.4 against
+# 55.8 at 4096^2 and 296.2 against 197.9 at 8192^2.
+_WGMMA_SUBSTEPS_MAX_BLOCK_M = 16
 _WGMMA_HEURISTIC_MAX_BLOCK_M = 256  # the heuristic's widest batch tile
 _WGMMA_PROGRAMS = 128
 _WGMMA_MIN_STEPS = 8
@@ -107,8 +114,9 @@ class MatmulConfig:
       registers as ``wgmma``'s left operand; ``block_n = 128`` rows
       of ``W`` (two warpgroups), ``block_groups = 16``, ``block_m``
       the batch tile of 8 to 128 rows,
-      ``num_stages`` its pipeline buffers, ``split_k`` slabs of ``in``; the
-      other fields must keep their defaults). The input gradient runs ``"dot"`` or
+      ``num_stages`` its pipeline buffers, ``split_k`` slabs of ``in``,
+      ``substeps`` 64-deep steps a buffer; the other fields must keep their
+      defaults). The input gradient runs ``"dot"`` or
       ``"decode"`` (an ``"fma"`` or ``"wgmma"`` config there means its
       heuristic).
     word_loads: read the codes as uint32 words (three per 16 codes) when
@@ -139,6 +147,11 @@ class MatmulConfig:
       ``x``) before the current step's decode and dot and carry them in
       registers: a two-step software pipeline without shared memory, for
       ``num_stages=1`` (Triton's own pipeline off).
+    substeps: ``"wgmma"`` only (1 elsewhere): 64-deep steps per pipeline
+      buffer, 1 or 2. With 2 the decoded ``A`` alternates between two
+      register sets, so one step's decode overlaps the other's ``wgmma``
+      (each ``wgmma`` waits for the one before it, whose registers the next
+      decode writes); a slab's steps must be even.
   """
 
   block_m: int = 64
@@ -156,6 +169,7 @@ class MatmulConfig:
   interleave_lanes: bool = False
   weights_lhs: bool = False
   register_prefetch: bool = False
+  substeps: int = 1
 
   def __post_init__(self):
     _check_pow2(self, ("block_m", "block_n", "block_groups"))
@@ -182,9 +196,15 @@ class MatmulConfig:
         raise ValueError(f"MatmulConfig with method='wgmma' does not use {', '.join(unused)}; "
                          f"leave them at their defaults (float32 x always runs as exact "
                          f"bfloat16 pieces)")
+      if self.substeps not in WGMMA_SUBSTEPS or isinstance(self.substeps, bool):
+        raise ValueError(f"MatmulConfig.substeps must be one of {WGMMA_SUBSTEPS} for "
+                         f"method='wgmma', got {self.substeps!r}")
       if not 8 <= self.block_m <= WGMMA_MAX_BLOCK_M:
         raise ValueError(f"MatmulConfig.block_m must be in [8, {WGMMA_MAX_BLOCK_M}] for "
                          f"method='wgmma' (wgmma's N), got {self.block_m}")
+    elif self.substeps != 1:
+      raise ValueError(f"MatmulConfig.substeps is read by method='wgmma' only; leave it at 1 "
+                       f"for method={self.method!r}, got {self.substeps!r}")
     if self.method == "dot":
       for name in ("block_m", "block_n"):
         if getattr(self, name) < 16:
@@ -311,17 +331,20 @@ class MatmulConfig:
       8192^2 M=32: 40.4 / 45.1 / 52.8, M=128: 54.1 / 68.5 / 95.7 (split 2,
       which this rule picks at 8192^2, was not measured); float32 M=32:
       19.4 / 24.7 / 39.0 and 54.0 / 69.5 / 97.6.
-    * ``num_stages``: 8 buffers for batch tiles up to 16 (a step is mostly the
-      codes' 6 KiB), else 4 (8 against 4 at M=32: 16.1 against 15.5 us at
-      4096^2, 44.3 against 45.1 at 8192^2).
+    * ``num_stages``: 8 steps in buffers for batch tiles up to 16 (a step is
+      mostly the codes' 6 KiB), else 4 (8 against 4 at M=32: 16.1 against
+      15.5 us at 4096^2, 44.3 against 45.1 at 8192^2).
+    * ``substeps``: 2 (two steps a buffer, half the buffers) for batch tiles
+      up to 16 where a slab's steps are even, else 1
+      (:data:`_WGMMA_SUBSTEPS_MAX_BLOCK_M` has the figures).
 
     Example:
       >>> config = MatmulConfig.wgmma_config((4, 4096, 4096))
-      >>> config.block_m, config.split_k, config.num_stages
-      (8, 4, 8)
+      >>> config.block_m, config.split_k, config.num_stages, config.substeps
+      (8, 4, 4, 2)
       >>> config = MatmulConfig.wgmma_config((256, 8192, 8192))
-      >>> config.block_m, config.split_k, config.num_stages
-      (256, 2, 4)
+      >>> config.block_m, config.split_k, config.num_stages, config.substeps
+      (256, 2, 4, 1)
     """
     m_rows, out_features, in_features = (int(d) for d in shape)
     rows = 3 * m_rows if jnp.dtype(dtype).itemsize >= 4 else m_rows
@@ -332,25 +355,38 @@ class MatmulConfig:
     while (tiles * split < _WGMMA_PROGRAMS and steps % (2 * split) == 0
            and steps // (2 * split) >= _WGMMA_MIN_STEPS):
       split *= 2
-    stages = max(1, min(8 if block_m <= 16 else 4, steps // split))
+    slab_steps = steps // split
+    substeps = 2 if block_m <= _WGMMA_SUBSTEPS_MAX_BLOCK_M and slab_steps % 2 == 0 else 1
+    stages = max(1, min((8 if block_m <= 16 else 4) // substeps, slab_steps // substeps))
     return cls(block_m=block_m, block_n=WGMMA_BLOCK_N, block_groups=WGMMA_STEP // 4,
-               num_warps=4, num_stages=stages, split_k=split, method="wgmma")
+               num_warps=4, num_stages=stages, split_k=split, method="wgmma",
+               substeps=substeps)
 
   @classmethod
   def wgmma_candidates(cls, shape: Sequence[int], dtype: Any = jnp.bfloat16
                        ) -> list["MatmulConfig"]:
     """:meth:`wgmma_config`'s tiles, then their split along ``in`` doubled and halved (where
-    it divides the steps) and the other pipeline depth.
+    it divides the steps), the other pipeline depth (4 or 8 steps in buffers) and the other
+    number of steps a buffer (at the same steps in buffers).
 
     Example:
-      >>> [c.split_k for c in MatmulConfig.wgmma_candidates((16, 4096, 4096))]
-      [4, 8, 2, 4]
+      >>> [(c.split_k, c.num_stages, c.substeps)
+      ...  for c in MatmulConfig.wgmma_candidates((16, 4096, 4096))]
+      [(4, 4, 2), (8, 4, 2), (2, 4, 2), (4, 2, 2), (4, 8, 1)]
     """
     tiles = cls.wgmma_config(shape, dtype)
     steps = int(shape[2]) // WGMMA_STEP
-    splits = [s for s in (2 * tiles.split_k, tiles.split_k // 2) if s and steps % s == 0]
-    return ([tiles] + [dataclasses.replace(tiles, split_k=s) for s in splits]
-            + [dataclasses.replace(tiles, num_stages=4 if tiles.num_stages > 4 else 8)])
+    out = [tiles]
+    for split in (2 * tiles.split_k, tiles.split_k // 2):
+      if split and steps % split == 0 and steps // split % tiles.substeps == 0:
+        out.append(dataclasses.replace(tiles, split_k=split))
+    buffered = tiles.num_stages * tiles.substeps  # steps in buffers
+    other_depth = 4 if buffered > 4 else 8
+    out.append(dataclasses.replace(tiles, num_stages=max(1, other_depth // tiles.substeps)))
+    other = 3 - tiles.substeps
+    if steps // tiles.split_k % other == 0:
+      out.append(dataclasses.replace(tiles, substeps=other, num_stages=max(1, buffered // other)))
+    return out
 
   @classmethod
   def _gemv_config(cls, out_features: int, in_features: int) -> "MatmulConfig":
