@@ -16,6 +16,9 @@ Each ``(M, out, in)`` case times, in device time (CUPTI) and side by side:
   two, A alternates between two register sets (the heuristic's choice up to 16-row tiles
   since session 37). Two steps in flight on one register set (session 35's
   ``STEPS_IN_FLIGHT = 2``) are undefined behaviour in PTX and no longer a variant;
+* ``tma_rows``: where x's rows are short of the batch tile (and fewer than 8 or a
+  multiple of 8), the other way of padding them (``mosaic_gpu_matmul.TMA_PADS_ROWS``:
+  XLA's pad, or the TMA reading past the last row);
 * where the heuristic splits ``in``, the other way of summing the slabs
   (``mosaic_gpu_matmul.REDUCE_IN_CLUSTER``, session 36): ``cluster_sum`` (in the
   kernel, through a cluster's shared memory) or ``xla_sum``; where the partials do not
@@ -83,6 +86,8 @@ def variants(shape, dtype) -> list[tuple[str, MatmulConfig]]:
     buffered = base.num_stages * base.substeps
     out.append((f"substeps{other}", dataclasses.replace(
         base, substeps=other, num_stages=max(1, buffered // other))))
+  if rows % base.block_m and (rows < 8 or rows % 8 == 0):
+    out.append(("tma_rows", base))  # x unpadded (TMA_PADS_ROWS flipped)
   if base.split_k > 1 and jnp.dtype(dtype).itemsize == 2:
     if mosaic_gpu_matmul.REDUCE_IN_CLUSTER:
       out.append(("xla_sum", base))
@@ -115,6 +120,7 @@ def explore(args) -> None:
   """Times every case's variants (``main``'s arguments)."""
   dtype = jnp.dtype(args.x_dtype)
   default_in_cluster = mosaic_gpu_matmul.REDUCE_IN_CLUSTER
+  default_tma_rows = mosaic_gpu_matmul.TMA_PADS_ROWS
   wanted = None if args.variants is None else set(args.variants.split(","))
   cases = [tuple(int(d) for d in case.split("x")) for case in args.cases.split(",")]
   start = time.time()
@@ -173,6 +179,8 @@ def explore(args) -> None:
     for label, config in variants(full, dtype):
       if label.startswith(("xla_sum", "cluster_sum")):
         mosaic_gpu_matmul.REDUCE_IN_CLUSTER = label.startswith("cluster_sum")
+      if label == "tma_rows":
+        mosaic_gpu_matmul.TMA_PADS_ROWS = not default_tma_rows
       timed(label, lambda x, p, s, config=config: pallas_triton_matmul.ternary_matmul(
           x, p, s, C=C, out_dtype=dtype, config=config), weights,
           config=dict(block_m=config.block_m, block_n=config.block_n,
@@ -180,6 +188,7 @@ def explore(args) -> None:
                       substeps=config.substeps,
                       in_kernel_sum=mosaic_gpu_matmul.reduces_in_kernel(config, dtype)))
       mosaic_gpu_matmul.REDUCE_IN_CLUSTER = default_in_cluster
+      mosaic_gpu_matmul.TMA_PADS_ROWS = default_tma_rows
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
 

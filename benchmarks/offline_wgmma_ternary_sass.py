@@ -7,7 +7,8 @@ register hand-over and the instructions of one pipeline step.
 Each case ``MxOUTxIN[:field=value,...]`` lowers
 :func:`jaxnoise.ops.ternary.mosaic_gpu_matmul.ternary_matmul` (bfloat16 ``x``,
 ``MatmulConfig.wgmma_config``'s tiles with the overrides (config fields, ``substeps``
-among them); ``in_flight=2`` sets ``STEPS_IN_FLIGHT``; tiles the config check refuses,
+among them); ``in_flight=2`` sets ``STEPS_IN_FLIGHT`` and ``tma_pads_rows=1``
+``TMA_PADS_ROWS``; tiles the config check refuses,
 such as ``block_n=256``, are let through) for CUDA on this machine and compiles it with a
 PJRT CUDA plugin's XLA (:func:`offline_mosaic_ptxas.compile_deviceless`; ``ptxas`` from
 ``PATH``). It prints ptxas's registers and spills, the kernel's ``.maxntid`` and its
@@ -53,9 +54,11 @@ def lower(case: str) -> str:
   m_rows, n_out, n_in = (int(d) for d in dims.split("x"))
   overrides = {name: int(value) for name, _, value in
                (field.partition("=") for field in filter(None, fields.split(",")))}
-  saved = (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS)
+  saved = (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS,
+           mosaic_gpu_matmul.TMA_PADS_ROWS)
   try:  # the tiles the config check refuses are let through while this case lowers
     mosaic_gpu_matmul.STEPS_IN_FLIGHT = overrides.pop("in_flight", saved[0])
+    mosaic_gpu_matmul.TMA_PADS_ROWS = bool(overrides.pop("tma_pads_rows", saved[2]))
     matmul_config.WGMMA_BLOCK_NS = (128, 256)
     config = dataclasses.replace(
         matmul_config.MatmulConfig.wgmma_config((m_rows, n_out, n_in)), **overrides)
@@ -66,7 +69,8 @@ def lower(case: str) -> str:
              jax.ShapeDtypeStruct((n_out,), jnp.float32))
     return fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
   finally:
-    mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS = saved
+    (mosaic_gpu_matmul.STEPS_IN_FLIGHT, matmul_config.WGMMA_BLOCK_NS,
+     mosaic_gpu_matmul.TMA_PADS_ROWS) = saved
 
 
 def main_loop(sass: str) -> list[str]:

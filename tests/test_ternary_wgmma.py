@@ -113,6 +113,22 @@ def test_two_steps_a_stage_lower_for_hopper(m_rows, dtype):
   assert "mosaic_gpu" in fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
 
 
+@pytest.mark.parametrize("m_rows,padded", [(4, False), (24, False), (13, True), (16, False)])
+def test_unpadded_rows_lower_for_hopper(monkeypatch, m_rows, padded):
+  """With ``TMA_PADS_ROWS`` XLA pads x only where x's 8-row tiling needs it."""
+  config = MatmulConfig.wgmma_config((m_rows, 512, 1024))
+  fn = jax.jit(functools.partial(mosaic_gpu_matmul.ternary_matmul, C=3, out_dtype=jnp.bfloat16,
+                                 config=config))
+  avals = (jax.ShapeDtypeStruct((m_rows, 1024), jnp.bfloat16),
+           jax.ShapeDtypeStruct((512, 768), jnp.uint8), jax.ShapeDtypeStruct((512,), jnp.float32))
+  lower = lambda: fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+  assert ("stablehlo.pad" in lower()) == (m_rows % config.block_m != 0)
+  monkeypatch.setattr(mosaic_gpu_matmul, "TMA_PADS_ROWS", True)
+  jax.clear_caches()
+  text = lower()
+  assert "mosaic_gpu" in text and ("stablehlo.pad" in text) == padded
+
+
 def test_kernel_reduces_where_its_partials_fit(monkeypatch):
   monkeypatch.setattr(mosaic_gpu_matmul, "REDUCE_IN_CLUSTER", True)
   reduces = mosaic_gpu_matmul.reduces_in_kernel
@@ -276,6 +292,29 @@ def test_compiled_kernel_variants_give_exact_products(rng, fields, m_rows, dtype
   y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=3,
                              out_dtype=jnp.float32, implementation="pallas", config=config)
   np.testing.assert_array_equal(np.asarray(y), exact_product(x_int, codes, 3, scale))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m_rows,n_in,dtype", [(1, 512, jnp.bfloat16), (4, 4096, jnp.bfloat16),
+                                               (7, 1024, jnp.float16), (24, 2048, jnp.bfloat16),
+                                               (2, 1024, jnp.float32), (13, 512, jnp.bfloat16)])
+def test_compiled_unpadded_rows_give_exact_products(rng, monkeypatch, m_rows, n_in, dtype):
+  """``TMA_PADS_ROWS``: x's rows not padded by XLA (fewer than 8, or a multiple of 8 short of
+  the batch tile; 13 rows are still padded), the last tile read past them, bit for bit."""
+  _needs_hopper()
+  monkeypatch.setattr(mosaic_gpu_matmul, "TMA_PADS_ROWS", True)
+  codes, packed, scale = _random_layer(rng, 256, n_in, 3)
+  x_int = rng.integers(-4, 5, (m_rows, n_in))
+  expected = exact_product(x_int, codes, 3, scale)
+  base = MatmulConfig.wgmma_config((m_rows, 256, n_in), dtype)
+  for config in (base, dataclasses.replace(base, split_k=1, substeps=1)):
+    for out_dtype in (jnp.float32, jnp.bfloat16):
+      y = ternary.ternary_matmul(jnp.asarray(x_int, dtype), packed, scale, C=3,
+                                 out_dtype=out_dtype, implementation="pallas", config=config)
+      np.testing.assert_array_equal(
+          np.asarray(y, np.float32),
+          np.asarray(jnp.asarray(expected).astype(out_dtype), np.float32),
+          err_msg=f"{config}, {jnp.dtype(out_dtype).name}")
 
 
 @pytest.mark.gpu

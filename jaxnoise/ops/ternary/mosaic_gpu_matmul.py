@@ -98,6 +98,12 @@ STEPS_IN_FLIGHT = 1
 # 8192^2 M=16 32.1 against 33.4, M=8 31.2 against 33.1, M=1 34.0 against 34.4. So off.
 REDUCE_IN_CLUSTER = False
 MAX_CLUSTER = 8  # the portable cluster size
+# x enters as it is when its rows are not a multiple of the batch tile (but fewer than 8 or a
+# multiple of 8, as x's tiling in shared memory needs): the last tile's TMA reads past x's
+# last row (rows the hardware fills with zeros, whose columns of y are cut off anyway), where
+# otherwise XLA pads x first (a kernel of its own, 1.5 us at 1-4 rows on an H100, session
+# 37). Off until compiled on a GPU.
+TMA_PADS_ROWS = False
 _SHARED_MEMORY_SLACK = 2048  # the pipeline's barriers and alignment
 
 
@@ -347,7 +353,7 @@ def _kernel(packed_gmem, x_gmem, *refs, lv: int, config: MatmulConfig, dtype):
   # a step late (Pallas' delay_release), so the pipeline needs a second buffer.
   in_flight = 2 if substeps == 2 else STEPS_IN_FLIGHT
   delay = min(in_flight - 1, stages - 1, steps - 1)
-  batch_tiles = batch // batch_tile
+  batch_tiles = -(-batch // batch_tile)  # x unpadded (TMA_PADS_ROWS): a ragged last tile
   program = lax.axis_index("program")
   if scale_gmem is None:
     row_tile, rest = program // (splits * batch_tiles), program % (splits * batch_tiles)
@@ -512,7 +518,9 @@ def _call(x16, packed, scale=None, *, C: int, config: MatmulConfig, out_dtype: A
   m_rows = x16.shape[0]
   n_out = packed.shape[0]
   padded = -(-m_rows // config.block_m) * config.block_m
-  x_rows = jnp.pad(x16, ((0, padded - m_rows), (0, 0)))
+  # x's shared-memory tiling (8 rows) takes fewer rows than 8 or a multiple of 8.
+  tma_pads = TMA_PADS_ROWS and (m_rows < 8 or m_rows % 8 == 0)
+  x_rows = x16 if tma_pads or padded == m_rows else jnp.pad(x16, ((0, padded - m_rows), (0, 0)))
   tiles = n_out // config.block_n * (padded // config.block_m)
   body = functools.partial(_kernel, lv=2 * C - 1, config=config, dtype=x16.dtype)
   kernel = functools.partial(_mosaic.kernel, body, grid_names=("program",),
