@@ -201,8 +201,8 @@ def cluster_partials_fit(config: MatmulConfig) -> bool:
   """
   if config.split_k > MAX_CLUSTER:
     return False
-  pipeline = config.num_stages * config.substeps * (config.block_n * STEP_BYTES
-                                             + config.block_m * STEP * 2)
+  step_bytes = config.block_n * STEP_BYTES + config.block_m * STEP * 2
+  pipeline = config.num_stages * config.substeps * step_bytes
   partials = config.block_n * config.block_m * 4
   return pipeline + partials <= _mosaic.SHARED_MEMORY_BYTES - _SHARED_MEMORY_SLACK
 

@@ -113,7 +113,7 @@ class MatmulConfig:
       :mod:`jaxnoise.ops.ternary.mosaic_gpu_matmul`, ``t`` decoded in
       registers as ``wgmma``'s left operand; ``block_n = 128`` rows
       of ``W`` (two warpgroups), ``block_groups = 16``, ``block_m``
-      the batch tile of 8 to 128 rows,
+      the batch tile of 8 to 256 rows,
       ``num_stages`` its pipeline buffers, ``split_k`` slabs of ``in``,
       ``substeps`` 64-deep steps a buffer; the other fields must keep their
       defaults). The input gradient runs ``"dot"`` or
