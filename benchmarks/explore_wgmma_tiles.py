@@ -82,11 +82,9 @@ def variants(shape, dtype) -> list[tuple[str, MatmulConfig]]:
       stages = max(1, min(base.num_stages, slab // base.substeps))
       out.append((f"split{split}", dataclasses.replace(base, split_k=split, num_stages=stages)))
   other = 3 - base.substeps
-  if steps // base.split_k % other == 0:  # the same steps in buffers
-    buffered = base.num_stages * base.substeps
-    out.append((f"substeps{other}", dataclasses.replace(
-        base, substeps=other, num_stages=max(1, buffered // other))))
-  if rows % base.block_m and (rows < 8 or rows % 8 == 0):
+  if steps // base.split_k % other == 0:
+    out.append((f"substeps{other}", base.with_substeps(other)))
+  if rows % base.block_m and mosaic_gpu_matmul.tma_can_pad(rows):
     out.append(("tma_rows", base))  # x unpadded (TMA_PADS_ROWS flipped)
   if base.split_k > 1 and jnp.dtype(dtype).itemsize == 2:
     if mosaic_gpu_matmul.REDUCE_IN_CLUSTER:

@@ -75,7 +75,7 @@ from jaxnoise.ops import _mosaic
 from jaxnoise.ops.ternary.config.matmul import WGMMA_BLOCK_NS, WGMMA_STEP, MatmulConfig
 
 __all__ = ["config_reason", "decode_model", "decode_pair", "pair_constants",
-           "cluster_partials_fit", "reduces_in_kernel", "ternary_matmul",
+           "cluster_partials_fit", "reduces_in_kernel", "ternary_matmul", "tma_can_pad",
            "unsupported_reason"]
 
 STEP = WGMMA_STEP  # features per pipeline step (a row's 48 packed bytes)
@@ -172,6 +172,17 @@ def config_reason(config: MatmulConfig, out_features: int, in_features: int) -> 
     return (f"a slab's {steps // config.split_k} steps of {STEP} inputs are not a multiple of "
             f"substeps = {config.substeps}")
   return None
+
+
+def tma_can_pad(m_rows: int) -> bool:
+  """Whether ``x`` of ``m_rows`` rows can enter unpadded (:data:`TMA_PADS_ROWS`): its 8-row
+  tiling in shared memory takes fewer rows than 8 or a multiple of 8.
+
+  Example:
+    >>> [tma_can_pad(m) for m in (4, 13, 24)]
+    [True, False, True]
+  """
+  return m_rows < 8 or m_rows % 8 == 0
 
 
 def reduces_in_kernel(config: MatmulConfig, dtype) -> bool:
@@ -518,8 +529,7 @@ def _call(x16, packed, scale=None, *, C: int, config: MatmulConfig, out_dtype: A
   m_rows = x16.shape[0]
   n_out = packed.shape[0]
   padded = -(-m_rows // config.block_m) * config.block_m
-  # x's shared-memory tiling (8 rows) takes fewer rows than 8 or a multiple of 8.
-  tma_pads = TMA_PADS_ROWS and (m_rows < 8 or m_rows % 8 == 0)
+  tma_pads = TMA_PADS_ROWS and tma_can_pad(m_rows)
   x_rows = x16 if tma_pads or padded == m_rows else jnp.pad(x16, ((0, padded - m_rows), (0, 0)))
   tiles = n_out // config.block_n * (padded // config.block_m)
   body = functools.partial(_kernel, lv=2 * C - 1, config=config, dtype=x16.dtype)

@@ -380,13 +380,27 @@ class MatmulConfig:
     for split in (2 * tiles.split_k, tiles.split_k // 2):
       if split and steps % split == 0 and steps // split % tiles.substeps == 0:
         out.append(dataclasses.replace(tiles, split_k=split))
-    buffered = tiles.num_stages * tiles.substeps  # steps in buffers
-    other_depth = 4 if buffered > 4 else 8
+    other_depth = 4 if tiles.num_stages * tiles.substeps > 4 else 8  # steps in buffers
     out.append(dataclasses.replace(tiles, num_stages=max(1, other_depth // tiles.substeps)))
     other = 3 - tiles.substeps
     if steps // tiles.split_k % other == 0:
-      out.append(dataclasses.replace(tiles, substeps=other, num_stages=max(1, buffered // other)))
+      out.append(tiles.with_substeps(other))
     return out
+
+  def with_substeps(self, substeps: int) -> "MatmulConfig":
+    """These ``"wgmma"`` tiles with ``substeps`` steps a buffer and the same steps in buffers
+    (the same shared memory).
+
+    Example:
+      >>> config = MatmulConfig.wgmma_config((16, 4096, 4096))
+      >>> (config.num_stages, config.substeps)
+      (4, 2)
+      >>> other = config.with_substeps(1)
+      >>> (other.num_stages, other.substeps)
+      (8, 1)
+    """
+    buffered = self.num_stages * self.substeps
+    return dataclasses.replace(self, substeps=substeps, num_stages=max(1, buffered // substeps))
 
   @classmethod
   def _gemv_config(cls, out_features: int, in_features: int) -> "MatmulConfig":
